@@ -1,0 +1,83 @@
+"""Measure a seeded random sample of a matmul schedule space on the GPU through the real builder
+and runner, and report how its times spread against torch in the same run (JSONL of every trial).
+
+Usage: python scripts/sample_space.py --shape 4096 --dtype fp16 --n 256 [--faults oob,hang] [--out f.jsonl]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+from triton.backends.compiler import GPUTarget
+
+from tritune.kernels.build import canonical_problem
+from tritune.tuner.builder import Builder
+from tritune.tuner.cli import make_expr
+from tritune.tuner.runner import Runner
+from tritune.tuner.session import device_task
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--shape", default="4096")
+    p.add_argument("--dtype", default="fp16")
+    p.add_argument("--n", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--faults", default="")
+    p.add_argument("--timeout", type=float, default=20.0)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    expr = make_expr("matmul", args.shape, args.dtype, "nn", "")
+    t0 = time.time()
+    with Runner(timeout_s=args.timeout, seed=args.seed) as runner:
+        info = runner.device_info()
+        task = device_task(expr, info)
+        major, minor = (int(x) for x in info["capability"].split("."))
+        builder = Builder(GPUTarget("cuda", major * 10 + minor, 32), task.limits.shared_bytes)
+        configs = task.space.sample(np.random.default_rng(args.seed), args.n)
+        faults = [f for f in args.faults.split(",") if f]
+        configs = [c.replace(fault=f) for c, f in zip(configs, faults)] + configs[len(faults):]
+        t1 = time.time()
+        futures = builder.submit(expr, canonical_problem(expr), configs)
+        results = []
+        for c, f in zip(configs, futures):
+            built = builder.result(f, c)
+            results.append((built, runner.measure(expr, c, built.compile_s) if built.status is None else None))
+        t2 = time.time()
+        builder.close()
+        torch_ms = runner.torch_time(expr)[2]
+    report(expr, info, results, torch_ms, args, (t1 - t0, t2 - t1))
+
+
+def report(expr, info, results, torch_ms, args, walls) -> None:
+    rows = []
+    for built, measured in results:
+        status = (measured.status if measured else built.status).value
+        rows.append({"config": dict(built.config), "status": status, "compile_s": built.compile_s,
+                     "shared": built.shared_bytes, "t_median": measured.t_median if measured else None,
+                     "message": (measured.message if measured else built.message)[:200]})
+    if args.out:
+        with open(args.out, "w") as fp:
+            fp.write(json.dumps({"meta": {"workload": expr.to_dict(), "device": info, "torch_ms": torch_ms}}) + "\n")
+            for r in rows:
+                fp.write(json.dumps(r) + "\n")
+    ok = sorted(r["t_median"] for r in rows if r["status"] == "OK")
+    counts = {s: sum(r["status"] == s for r in rows) for s in sorted({r["status"] for r in rows})}
+    print(f"{expr.describe()} on {info['gpu']} triton {info['triton']} torch {info['torch']}")
+    print(f"startup {walls[0]:.1f}s, build+measure {walls[1]:.1f}s for {len(rows)} configs; {counts}")
+    for r in rows:
+        if r["status"] not in ("OK",):
+            print(f"  {r['status']:16s} {r['config']} {r['message'][:100]}")
+    if ok:
+        ratio = [torch_ms / t for t in ok]
+        print(f"torch {torch_ms:.4f} ms; best {ok[0]:.4f} ms = {ratio[0]:.3f}x torch; "
+              f"configs >= 0.9x torch: {sum(x >= 0.9 for x in ratio)}/{len(rows)}; >= 0.98x best: "
+              f"{sum(t <= ok[0] / 0.98 for t in ok)}")
+        best = min((r for r in rows if r["status"] == "OK"), key=lambda r: r["t_median"])
+        print(f"best config {best['config']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""A builder and runner that replay a fixed table of outcomes, so the tuning loop runs without a GPU."""
+from tritune.records.result import MeasureResult, Status
+from tritune.tuner.builder import BuildResult
+
+
+class DoneFuture:
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+class FakeBuilder:
+    """Fails to compile configs whose BLOCK_K is 128 (a stand-in for a compiler error); builds faults."""
+
+    def __init__(self):
+        self.built = []
+
+    def submit(self, expr, problem, configs):
+        self.built.extend(configs)
+        return [DoneFuture(BuildResult(c, Status.COMPILE_ERROR, 0.5, message="boom") if self.fails(c)
+                           else BuildResult(c, None, 0.5)) for c in configs]
+
+    @staticmethod
+    def fails(config):
+        return config["BLOCK_K"] == 128 and "fault" not in config
+
+    def result(self, future, config):
+        return future.result()
+
+
+class FakeRunner:
+    """Times a config as a deterministic function of its knobs; some configs fail at run time."""
+
+    def __init__(self):
+        self.measured = []
+
+    def measure(self, expr, config, compile_s=0.0):
+        self.measured.append(config)
+        if config.get("fault") == "oob":
+            return MeasureResult(config, Status.CRASH, compile_s=compile_s, message="worker died")
+        if config.get("fault") == "hang":
+            return MeasureResult(config, Status.TIMEOUT, compile_s=compile_s, message="no answer")
+        if config["num_warps"] == 2 and config["BLOCK_M"] == 256:
+            return MeasureResult(config, Status.WRONG_ANSWER, compile_s=compile_s, message="relative error 1")
+        t = fake_time(config)
+        return MeasureResult(config, Status.OK, t, t, t, t, compile_s)
+
+
+def fake_time(config):
+    return 1.0 + abs(config["BLOCK_M"] - 128) / 64 + abs(config["BLOCK_N"] - 128) / 64 + config["num_stages"] / 10

@@ -1,0 +1,82 @@
+"""Generated contraction kernels against a float64 torch reference, under the Triton interpreter."""
+import pytest
+import torch
+
+from tritune.kernels.build import Kernel, problem_of
+from tritune.kernels.expr import BiasAdd, ExprError, Gelu, Matmul, Relu, Scale
+from tritune.schedules.config import Config
+from tritune.tuner.measure import make_inputs, reference, rel_error, tolerance
+
+SMALL = Config.of(BLOCK_M=32, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=2, UNROLL=2)
+EPILOGUES = {
+    "none": (),
+    "bias": (BiasAdd(),),
+    "scale": (Scale(0.25),),
+    "relu": (Relu(),),
+    "gelu": (Gelu(),),
+    "gelu_tanh": (Gelu("tanh"),),
+    "scale+bias+gelu": (Scale(0.5), BiasAdd(), Gelu()),
+}
+SHAPES = [  # (batch, m, n, k): none a multiple of the tiles; M or N = 1; batched
+    (1, 37, 29, 53), (1, 1, 45, 70), (1, 50, 1, 33), (3, 19, 23, 41), (2, 64, 48, 17),
+]
+
+
+def run_case(expr: Matmul, config: Config = SMALL, seed: int = 0) -> float:
+    x = make_inputs(expr, seed, device="cpu")
+    Kernel(expr, config, problem_of(expr, x.a, x.b, x.c, x.bias))(x.a, x.b, x.c, x.bias)
+    return rel_error(x.c, reference(expr, x))
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("layout", ["nn", "tn", "nt", "tt"])
+def test_matmul_matches_reference(dtype, shape, layout):
+    b, m, n, k = shape
+    expr = Matmul(m, n, k, batch=b, dtype=dtype, trans_a=layout[0] == "t", trans_b=layout[1] == "t")
+    assert run_case(expr) <= tolerance(expr)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize("name", list(EPILOGUES))
+def test_epilogues_match_reference(dtype, name):
+    expr = Matmul(33, 47, 29, batch=2, dtype=dtype, epilogue=EPILOGUES[name])
+    assert run_case(expr) <= tolerance(expr)
+
+
+@pytest.mark.parametrize("knobs", [
+    dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=32, GROUP_M=1, num_warps=2, num_stages=3, UNROLL=1),
+    dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=64, GROUP_M=4, num_warps=8, num_stages=4, UNROLL=4),
+])
+def test_other_configs_and_even_k(knobs):
+    expr = Matmul(70, 50, 128, dtype="fp16", epilogue=(BiasAdd(), Relu()))  # K multiple of BLOCK_K
+    assert run_case(expr, Config.of(knobs)) <= tolerance(expr)
+
+
+def test_check_catches_a_wrong_kernel():
+    """The checker must be able to fail: a wrong scale in the kernel is caught."""
+    expr = Matmul(20, 20, 20, dtype="fp32", epilogue=(Scale(2.0),))
+    x = make_inputs(expr, 0, device="cpu")
+    wrong = Matmul(20, 20, 20, dtype="fp32", epilogue=(Scale(2.02),))  # 1% off: above any tolerance
+    Kernel(wrong, SMALL, problem_of(wrong, x.a, x.b, x.c, x.bias))(x.a, x.b, x.c, x.bias)
+    assert rel_error(x.c, reference(expr, x)) > tolerance(expr)
+
+
+def test_unwritten_output_is_infinite_error():
+    expr = Matmul(8, 8, 8, dtype="fp32")
+    x = make_inputs(expr, 0, device="cpu")
+    assert rel_error(x.c, reference(expr, x)) == float("inf")  # poisoned with NaN, never written
+
+
+@pytest.mark.parametrize("bad", [dict(m=0), dict(dtype="fp8"), dict(k=-3), dict(m=1.5)])
+def test_bad_expressions_are_rejected(bad):
+    args = dict(m=4, n=4, k=4) | bad
+    with pytest.raises(ExprError):
+        Matmul(**args)
+
+
+def test_workload_json_round_trip():
+    expr = Matmul(3, 5, 7, batch=2, dtype="fp32", trans_b=True, epilogue=(Scale(0.5), BiasAdd(), Gelu("tanh")))
+    assert Matmul.from_dict(expr.to_dict()) == expr
+    assert Matmul.from_dict(expr.to_dict()).key == expr.key
+    assert Matmul(3, 5, 7).key != Matmul(3, 5, 8).key

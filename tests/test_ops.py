@@ -1,0 +1,84 @@
+"""Replay: tritune.ops.matmul runs the stored best config, else the nearest shape, else a default."""
+import warnings
+
+import pytest
+import torch
+
+import tritune
+from tritune.kernels import ops
+from tritune.kernels.device import device_info, device_key
+from tritune.kernels.expr import Gelu, Matmul
+from tritune.records.database import Database
+from tritune.records.result import DeviceKey, MeasureResult, Status
+from tritune.schedules.config import Config
+
+FAST = Config.of(BLOCK_M=32, BLOCK_N=32, BLOCK_K=16, GROUP_M=1, num_warps=2, num_stages=2, UNROLL=1)
+SLOW = FAST.replace(BLOCK_M=16)
+
+
+def store(path, expr, device=None):
+    db = Database(path)
+    db.add_workload(expr.key, expr.op, expr.dtype, expr.to_json())
+    db.save(expr.key, device or device_key(device_info()), [
+        MeasureResult(SLOW, Status.OK, 2.0, 2.0, 2.0, 2.0), MeasureResult(FAST, Status.OK, 1.0, 1.0, 1.0, 1.0),
+        MeasureResult(FAST.replace(BLOCK_M=64), Status.WRONG_ANSWER, message="wrong")])
+    db.close()
+
+
+def check(y, a, b, epilogue=()):
+    ref = a.double() @ b.double()
+    for step in epilogue:
+        ref = step.reference(ref, None)
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 2e-3
+
+
+def test_replays_the_stored_best(tmp_path):
+    a, b = torch.randn(40, 24, dtype=torch.float16), torch.randn(24, 33, dtype=torch.float16)
+    store(tmp_path / "t.db", Matmul(40, 33, 24, dtype="fp16"))
+    with tritune.apply_history_best(tmp_path / "t.db"):
+        choice = ops.explain(a, b)
+        y = tritune.ops.matmul(a, b)
+    assert (choice.source, choice.config) == ("tuned", FAST)
+    check(y, a, b)
+    assert ops.explain(a, b, db=tmp_path / "t.db").config == FAST  # the plain db= form
+
+
+def test_nearest_shape_then_default_each_warn_once(tmp_path):
+    store(tmp_path / "t.db", Matmul(64, 64, 64, dtype="fp32"))
+    a, b = torch.randn(2, 50, 70), torch.randn(2, 70, 30)  # batched, other shape, same op and dtype
+    with tritune.apply_history_best(tmp_path / "t.db"):
+        with pytest.warns(UserWarning, match="nearest tuned shape"):
+            y = ops.matmul(a, b, epilogue=(Gelu(),))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ops.matmul(a, b, epilogue=(Gelu(),))  # second call: cached, silent
+        assert ops.explain(a, b, epilogue=(Gelu(),)).config == FAST
+    check(y, a, b, (Gelu(),))
+    half = torch.randn(9, 9, dtype=torch.float16)
+    with tritune.apply_history_best(tmp_path / "t.db"), pytest.warns(UserWarning, match="safe default"):
+        assert ops.explain(half, half).source == "default"
+
+
+def test_records_of_another_device_are_never_replayed(tmp_path):
+    expr = Matmul(12, 12, 12, dtype="fp32")
+    store(tmp_path / "t.db", expr, DeviceKey("NVIDIA H100", "9.0", "3.6.0", "2.11.0", "other-template"))
+    a = torch.randn(12, 12)
+    with tritune.apply_history_best(tmp_path / "t.db"), pytest.warns(UserWarning):
+        assert ops.explain(a, a).source == "default"
+
+
+def test_transposed_inputs_and_bias(tmp_path):
+    a, b = torch.randn(30, 20).t(), torch.randn(25, 30).t()  # [20, 30] and [30, 25], both stored transposed
+    bias = torch.randn(25)
+    store(tmp_path / "t.db", Matmul(20, 25, 30, dtype="fp32", trans_a=True, trans_b=True))
+    with tritune.apply_history_best(tmp_path / "t.db"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        y = ops.matmul(a, b, bias)
+        assert ops.explain(a, b, bias).expr.trans_a and ops.explain(a, b, bias).expr.has_bias
+    ref = a.double() @ b.double() + bias.double()
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 2e-3
+
+
+def test_mismatched_shapes_are_a_clear_error():
+    with pytest.raises(ValueError, match="do not match"):
+        ops.explain(torch.randn(3, 4), torch.randn(5, 6))

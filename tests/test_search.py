@@ -1,0 +1,59 @@
+"""Contract tests run for every registered strategy, plus the registry itself."""
+import numpy as np
+import pytest
+
+from tritune.records.result import MeasureResult, Status
+from tritune.schedules.matmul import Limits, matmul_space
+from tritune.search import REGISTRY, make_strategy
+
+SPACE = matmul_space(512, 384, 256, 2, Limits.for_capability(9, 0))
+
+
+def fake_results(configs):
+    return [MeasureResult(c, Status.OK, t_median=float(i + 1)) for i, c in enumerate(configs)]
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_proposals_are_valid_distinct_and_never_repeat(name):
+    s = make_strategy(name, SPACE, seed=1)
+    seen = set()
+    for _ in range(4):
+        batch = s.propose(16)
+        assert len(batch) == 16 and len(set(batch)) == 16
+        assert all(SPACE.valid(c) for c in batch)
+        assert not seen & set(batch)
+        seen |= set(batch)
+        s.update(fake_results(batch))
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_stored_results_are_not_proposed_again(name):
+    first = make_strategy(name, SPACE, seed=2).propose(10)
+    resumed = make_strategy(name, SPACE, seed=2)
+    resumed.update(fake_results(first))
+    assert not set(resumed.propose(10)) & set(first)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_same_seed_same_proposals(name):
+    assert make_strategy(name, SPACE, seed=7).propose(12) == make_strategy(name, SPACE, seed=7).propose(12)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_exhausting_the_space_returns_fewer_then_none(name):
+    tiny = matmul_space(1, 1, 1, 2, Limits.for_capability(9, 0))
+    s = make_strategy(name, tiny, seed=0)
+    got = s.propose(1000)
+    assert len(got) == len(tiny.valid_indices)
+    assert s.propose(5) == []
+
+
+def test_random_differs_by_seed_and_grid_is_in_index_order():
+    assert make_strategy("random", SPACE, seed=1).propose(8) != make_strategy("random", SPACE, seed=2).propose(8)
+    grid = make_strategy("grid", SPACE).propose(8)
+    assert [SPACE.index(c) for c in grid] == [int(i) for i in SPACE.valid_indices[:8]]
+
+
+def test_unknown_strategy_names_the_known_ones():
+    with pytest.raises(ValueError, match="random"):
+        make_strategy("annealing-by-hand", SPACE)

@@ -1,0 +1,74 @@
+"""Schedule space: index round trips, constraints, seeded sampling, neighbours."""
+import numpy as np
+import pytest
+
+from tritune.schedules.config import Config
+from tritune.schedules.matmul import KNOBS, MAX_ACC_REGS, Limits, matmul_space, shared_estimate
+from tritune.schedules.space import Knob, Space
+
+H100 = Limits.for_capability(9, 0)
+
+
+@pytest.fixture(scope="module")
+def big():
+    return matmul_space(4096, 4096, 4096, 2, H100)
+
+
+def test_space_is_larger_than_anyone_would_measure(big):
+    assert big.size == np.prod([len(k.values) for k in KNOBS])
+    assert len(big.valid_indices) > 2000
+
+
+def test_index_round_trip(big):
+    for i in [0, 1, 17, big.size // 2, big.size - 1]:
+        assert big.index(big.config(i)) == i
+    with pytest.raises(IndexError):
+        big.config(big.size)
+
+
+def test_valid_configs_obey_every_constraint(big):
+    for i in big.valid_indices[::97]:
+        c = big.config(int(i))
+        assert shared_estimate(c, 2) <= H100.shared_bytes
+        assert c["BLOCK_M"] * c["BLOCK_N"] // (32 * c["num_warps"]) <= MAX_ACC_REGS
+
+
+def test_constraints_prune_with_a_reason(big):
+    too_big = Config.of(BLOCK_M=256, BLOCK_N=256, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=5, UNROLL=4)
+    assert not big.valid(too_big)
+    assert big.why_invalid(too_big)
+    skinny = matmul_space(16, 4096, 4096, 2, H100)
+    wide_tile = Config.of(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, GROUP_M=1, num_warps=4, num_stages=3, UNROLL=1)
+    assert "far larger" in skinny.why_invalid(wide_tile)
+    assert len(skinny.valid_indices) < len(big.valid_indices)
+
+
+def test_sampling_is_seeded_distinct_valid_and_excludes(big):
+    a = big.sample(np.random.default_rng(3), 50)
+    b = big.sample(np.random.default_rng(3), 50)
+    assert a == b and len(set(a)) == 50 and all(big.valid(c) for c in a)
+    c = big.sample(np.random.default_rng(3), 50, exclude=a[:25])
+    assert not set(c) & set(a[:25])
+
+
+def test_sampling_a_tiny_space_exhausts_it():
+    tiny = Space([Knob("x", (1, 2, 3)), Knob("y", (1, 2))], [lambda c: "odd" if c["x"] == 3 else None])
+    assert sorted(c["x"] * 10 + c["y"] for c in tiny.sample(np.random.default_rng(0), 99)) == [11, 12, 21, 22]
+
+
+def test_neighbours_differ_in_one_knob_by_one_step(big):
+    c = big.config(int(big.valid_indices[len(big.valid_indices) // 3]))
+    ns = big.neighbours(c)
+    assert ns and all(big.valid(n) for n in ns)
+    for n in ns:
+        diff = [k for k in KNOBS if n[k.name] != c[k.name]]
+        assert len(diff) == 1
+        k = diff[0]
+        assert abs(k.values.index(n[k.name]) - k.values.index(c[k.name])) == 1
+
+
+def test_config_is_a_canonical_value():
+    a = Config.of(b=2, a=1)
+    assert a == Config.of({"a": 1, "b": 2}) and hash(a) == hash(Config.of(a=1, b=2))
+    assert a.to_json() == '{"a":1,"b":2}' and Config.from_json(a.to_json()) == a
+    assert a.replace(b=3)["b"] == 3 and a["b"] == 2

@@ -1,0 +1,76 @@
+"""The tuning loop with fake builder/runner: statuses stored, resume, early stop, fault hook."""
+import pytest
+
+from fakes import FakeBuilder, FakeRunner, fake_time
+from tritune.kernels.device import device_key
+from tritune.kernels.expr import Matmul
+from tritune.records.database import Database
+from tritune.records.result import DeviceKey, Status
+from tritune.schedules.matmul import Limits
+from tritune.search import make_strategy
+from tritune.tuner.tuner import Task, Tuner, best_of
+
+EXPR = Matmul(1024, 1024, 1024)
+DEVICE = DeviceKey("Fake GPU", "9.0", "3.x", "2.x", "t1")
+TASK = Task(EXPR, DEVICE, Limits.for_capability(9, 0))
+
+
+def tune(db, trials, seed=0, **kw):
+    builder, runner = FakeBuilder(), FakeRunner()
+    tuner = Tuner(TASK, make_strategy("random", TASK.space, seed=seed), builder, runner, db, batch_size=8, **kw)
+    return tuner.run(trials), builder, runner
+
+
+def test_failures_are_classified_and_stored(tmp_path):
+    db = Database(tmp_path / "t.db")
+    history, builder, runner = tune(db, 96)
+    stored = db.trials(EXPR.key, DEVICE)
+    assert len(history) == len(stored) == 96
+    statuses = {r.status for r in stored}
+    assert Status.COMPILE_ERROR in statuses and Status.OK in statuses
+    assert all(r.t_median is None for r in stored if not r.ok)
+    # a compile failure is never sent to the runner
+    assert not any(c["BLOCK_K"] == 128 for c in runner.measured)
+    best = db.best(EXPR.key, DEVICE)
+    assert best.t_median == min(fake_time(r.config) for r in stored if r.ok)
+    assert best == best_of(history)
+
+
+def test_rerun_resumes_and_never_remeasures(tmp_path):
+    db = Database(tmp_path / "t.db")
+    first, _, _ = tune(db, 24)
+    again, builder, runner = tune(db, 24)
+    assert builder.built == [] and runner.measured == []  # budget already met: nothing new
+    more, builder, _ = tune(db, 40)
+    assert len(more) == 40 and len(builder.built) == 16
+    assert not {c for c in builder.built} & {r.config for r in first}
+    assert len(db.trials(EXPR.key, DEVICE)) == 40
+
+
+def test_other_device_is_not_resumed(tmp_path):
+    db = Database(tmp_path / "t.db")
+    tune(db, 16)
+    other = Task(EXPR, DeviceKey("Fake GPU", "9.0", "3.x", "2.x", "t2"), TASK.limits)  # new template hash
+    tuner = Tuner(other, make_strategy("random", other.space), FakeBuilder(), FakeRunner(), db, batch_size=8)
+    assert len(tuner.run(16)) == 16 and tuner.stored == []
+
+
+def test_early_stopping_stops_before_the_budget(tmp_path):
+    history, _, _ = tune(Database(tmp_path / "t.db"), 2000, early_stop=8)
+    assert len(history) < 2000
+    best_at = history.index(best_of(history))
+    assert len(history) - 1 - best_at >= 8
+
+
+def test_injected_faults_are_recorded_and_the_run_completes(tmp_path):
+    db = Database(tmp_path / "t.db")
+    history, _, runner = tune(db, 16, faults=("oob", "hang"))
+    assert [r.status for r in history[:2]] == [Status.CRASH, Status.TIMEOUT]
+    assert len(history) == 16 and sum(r.ok for r in history) >= 10
+    assert [r.config.get("fault") for r in db.trials(EXPR.key, DEVICE)[:2]] == ["oob", "hang"]
+
+
+def test_device_key_changes_with_the_template():
+    info = {"gpu": "G", "capability": "9.0", "triton": "3.6.0", "torch": "2.11.0"}
+    assert device_key(info).template and device_key(info) == device_key(dict(info))
+    assert device_key(info) != device_key(dict(info, triton="3.9.0"))

@@ -1,0 +1,4 @@
+"""`python -m tritune` is `tune-cli`."""
+from tritune.tuner.cli import main
+
+main()

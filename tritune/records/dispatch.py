@@ -1,0 +1,62 @@
+"""Replay context: which stored config to run for a workload on a device. No Triton here."""
+from __future__ import annotations
+
+import json
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from tritune.records.database import Database
+from tritune.records.result import DeviceKey
+from tritune.schedules.config import Config
+
+_local = threading.local()
+
+
+class HistoryBest:
+    """Best stored configs of one database, looked up once per (workload, device) and cached."""
+
+    def __init__(self, db: Database | str | Path) -> None:
+        self.db = db if isinstance(db, Database) else Database.open_existing(db)
+        self._best: dict[tuple[str, str], Config | None] = {}
+        self._tuned: dict[tuple[str, str, str], list[tuple[dict, Config]]] = {}
+
+    def best(self, workload_key: str, device: DeviceKey) -> Config | None:
+        """The fastest stored config of exactly this workload on this device, or None."""
+        key = (workload_key, device.key)
+        if key not in self._best:
+            result = self.db.best(workload_key, device)
+            self._best[key] = None if result is None else result.config
+        return self._best[key]
+
+    def tuned(self, op: str, dtype: str, device: DeviceKey) -> list[tuple[dict, Config]]:
+        """(workload spec, best config) of every tuned workload of an op and dtype on this device."""
+        key = (op, dtype, device.key)
+        if key not in self._tuned:
+            rows = [r for r in self.db.best_rows(op) if r.dtype == dtype and r.device == device]
+            self._tuned[key] = [(json.loads(r.workload_spec), r.result.config) for r in rows]
+        return self._tuned[key]
+
+
+def _stack() -> list[HistoryBest]:
+    if not hasattr(_local, "stack"):
+        _local.stack = []
+    return _local.stack
+
+
+@contextmanager
+def apply_history_best(db: Database | str | Path) -> Iterator[HistoryBest]:
+    """Within this block, tritune ops run the best configs stored in `db`."""
+    context = db if isinstance(db, HistoryBest) else HistoryBest(db)
+    _stack().append(context)
+    try:
+        yield context
+    finally:
+        _stack().pop()
+
+
+def current() -> HistoryBest | None:
+    """The innermost active replay context of this thread, if any."""
+    stack = _stack()
+    return stack[-1] if stack else None

@@ -1,0 +1,92 @@
+"""The schedule space of the contraction template: tiles, grouping, warps, stages, unrolling."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tritune.schedules.config import Config
+from tritune.schedules.space import Knob, Space
+
+KNOBS = (
+    Knob("BLOCK_M", (16, 32, 64, 128, 256)),
+    Knob("BLOCK_N", (16, 32, 64, 128, 256)),
+    Knob("BLOCK_K", (16, 32, 64, 128, 256)),
+    Knob("GROUP_M", (1, 2, 4, 8, 16, 32)),
+    Knob("num_warps", (2, 4, 8, 16)),
+    Knob("num_stages", (2, 3, 4, 5, 6)),
+    Knob("UNROLL", (1, 2, 4)),
+)
+MAX_WARPS = max(dict((k.name, k.values) for k in KNOBS)["num_warps"])
+# A tile that could double along M or N and still launch this many waves of programs over the
+# SMs only gives up data reuse: the larger tile fills the GPU just as well.
+MIN_WAVES_TO_SHRINK = 4
+# Above this many fp32 accumulator registers per thread, of the 255 a thread may hold, the
+# operands and addresses no longer fit and the kernel spills.
+MAX_ACC_REGS = 128
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the device allows a program (from the GPU, or a known table for offline builds)."""
+
+    shared_bytes: int
+    sms: int
+    # (shared memory per block, opt-in maximum; SM count of the largest part) by compute
+    # capability, for building without a GPU
+    KNOWN = {(9, 0): (232448, 132), (8, 0): (166912, 108), (8, 6): (101376, 84), (8, 9): (101376, 128)}
+
+    @classmethod
+    def for_capability(cls, major: int, minor: int) -> "Limits":
+        """Limits of a compute capability from the known table."""
+        shared, sms = cls.KNOWN.get((major, minor), (101376, 80))
+        return cls(shared_bytes=shared, sms=sms)
+
+
+def _pow2_ceil(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def shared_estimate(config: Config, element_bytes: int) -> int:
+    """Shared memory of the software pipeline: one A and one B tile per stage per unrolled step."""
+    tile = (config["BLOCK_M"] + config["BLOCK_N"]) * config["BLOCK_K"] * element_bytes
+    return config["num_stages"] * config["UNROLL"] * tile
+
+
+def matmul_space(m: int, n: int, k: int, element_bytes: int, limits: Limits) -> Space:
+    """The space for an M x N x K contraction; constraints prune what cannot run or is redundant."""
+    min_dim = 16  # tl.dot needs every tile dimension >= 16
+
+    def shared(c: Config) -> str | None:
+        need = shared_estimate(c, element_bytes)
+        return f"shared memory {need} > {limits.shared_bytes}" if need > limits.shared_bytes else None
+
+    def registers(c: Config) -> str | None:
+        per_thread = c["BLOCK_M"] * c["BLOCK_N"] // (32 * c["num_warps"])
+        return f"{per_thread} accumulator registers per thread" if per_thread > MAX_ACC_REGS else None
+
+    def tile_fits(c: Config) -> str | None:
+        for knob, dim in (("BLOCK_M", m), ("BLOCK_N", n), ("BLOCK_K", k)):
+            if c[knob] > max(min_dim, _pow2_ceil(dim)):
+                return f"{knob}={c[knob]} far larger than the problem ({dim})"
+        return None
+
+    def not_too_small(c: Config) -> str | None:
+        bm, bn = c["BLOCK_M"], c["BLOCK_N"]
+        if 2 * bm * bn > MAX_ACC_REGS * 32 * MAX_WARPS:
+            return None  # no feasible larger tile
+        tiles_m, tiles_n = -(-m // bm), -(-n // bn)
+        enough = MIN_WAVES_TO_SHRINK * limits.sms
+        if 2 * bm <= 256 and -(-tiles_m // 2) * tiles_n >= enough:
+            return "a tile twice as tall would still fill the GPU"
+        if 2 * bn <= 256 and tiles_m * -(-tiles_n // 2) >= enough:
+            return "a tile twice as wide would still fill the GPU"
+        return None
+
+    def not_redundant(c: Config) -> str | None:
+        tiles_m = -(-m // c["BLOCK_M"])
+        if c["GROUP_M"] > 1 and c["GROUP_M"] >= 2 * tiles_m:
+            return "GROUP_M spans every row of tiles twice over"
+        if c["UNROLL"] > -(-k // c["BLOCK_K"]):
+            return "unroll factor exceeds the K-loop trip count"
+        return None
+
+    return Space(KNOBS, (tile_fits, not_too_small, not_redundant, registers, shared))

@@ -1,0 +1,95 @@
+"""Space: knobs x constraints, with integer index <-> config, seeded sampling and neighbours."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from tritune.schedules.config import Config
+
+# A constraint returns None when a config may run, else a short reason it cannot.
+Constraint = Callable[[Config], "str | None"]
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A named schedule parameter and its ordered candidate values."""
+
+    name: str
+    values: tuple[int, ...]
+
+
+class Space:
+    """The product of knob values, pruned by constraints before anything is compiled.
+
+    Indices run over the full product (mixed radix, first knob most significant), so an index
+    names a config whether or not it is valid; `valid_indices` lists those that pass.
+    """
+
+    def __init__(self, knobs: Sequence[Knob], constraints: Sequence[Constraint] = ()) -> None:
+        self.knobs = tuple(knobs)
+        self.constraints = tuple(constraints)
+        self._radix = [len(k.values) for k in self.knobs]
+
+    @property
+    def size(self) -> int:
+        """Number of configs in the full product, valid or not."""
+        return int(np.prod(self._radix))
+
+    @cached_property
+    def valid_indices(self) -> np.ndarray:
+        """Sorted indices of every config that passes all constraints."""
+        return np.array([i for i in range(self.size) if self.valid(self.config(i))], dtype=np.int64)
+
+    def config(self, index: int) -> Config:
+        """The config at an index of the full product."""
+        if not 0 <= index < self.size:
+            raise IndexError(f"index {index} outside space of size {self.size}")
+        values = {}
+        for knob, radix in zip(reversed(self.knobs), reversed(self._radix)):
+            index, digit = divmod(index, radix)
+            values[knob.name] = knob.values[digit]
+        return Config.of(values)
+
+    def index(self, config: Config) -> int:
+        """The index of a config (raises KeyError/ValueError if it is not in the product)."""
+        index = 0
+        for knob, radix in zip(self.knobs, self._radix):
+            index = index * radix + knob.values.index(config[knob.name])
+        return index
+
+    def why_invalid(self, config: Config) -> str | None:
+        """The first constraint a config breaks, or None when it is valid."""
+        for constraint in self.constraints:
+            reason = constraint(config)
+            if reason:
+                return reason
+        return None
+
+    def valid(self, config: Config) -> bool:
+        """True when the config passes every constraint."""
+        return self.why_invalid(config) is None
+
+    def sample(self, rng: np.random.Generator, n: int, exclude: Iterable[Config] = ()) -> list[Config]:
+        """Up to n distinct valid configs drawn uniformly, none of them in `exclude`."""
+        excluded = {self.index(c) for c in exclude if self._in_product(c)}
+        pool = np.setdiff1d(self.valid_indices, np.fromiter(excluded, dtype=np.int64), assume_unique=True)
+        picks = rng.choice(pool, size=min(n, len(pool)), replace=False)
+        return [self.config(int(i)) for i in picks]
+
+    def neighbours(self, config: Config) -> list[Config]:
+        """Valid configs that differ from `config` by one step of one knob."""
+        out = []
+        for knob in self.knobs:
+            pos = knob.values.index(config[knob.name])
+            for step in (-1, 1):
+                if 0 <= pos + step < len(knob.values):
+                    candidate = config.replace(**{knob.name: knob.values[pos + step]})
+                    if self.valid(candidate):
+                        out.append(candidate)
+        return out
+
+    def _in_product(self, config: Config) -> bool:
+        return all(k.name in config and config[k.name] in k.values for k in self.knobs)

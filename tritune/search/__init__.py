@@ -1,0 +1,24 @@
+"""Search strategies, looked up lazily by name."""
+from __future__ import annotations
+
+import importlib
+
+from tritune.schedules.space import Space
+from tritune.search.base import Strategy
+
+# name -> "module:Class"; a new strategy is one new file and one line here
+REGISTRY = {
+    "random": "tritune.search.random:RandomSearch",
+    "grid": "tritune.search.grid:GridSearch",
+}
+
+
+def make_strategy(name: str, space: Space, seed: int = 0, **options) -> Strategy:
+    """Instantiate a registered strategy by name (ValueError lists the known names)."""
+    if name not in REGISTRY:
+        raise ValueError(f"unknown strategy {name!r}; known: {', '.join(sorted(REGISTRY))}")
+    module, cls = REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module), cls)(space, seed=seed, **options)
+
+
+__all__ = ["REGISTRY", "Strategy", "make_strategy"]

@@ -1,0 +1,39 @@
+"""Strategy: the propose/update interface every search strategy implements."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from tritune.records.result import MeasureResult
+from tritune.schedules.config import Config
+from tritune.schedules.space import Space
+
+
+class Strategy:
+    """Proposes configs to measure and learns from their results. Never measures anything itself.
+
+    Subclasses implement `_propose(n)`; the base keeps the set of configs already proposed or
+    measured, so no strategy proposes a config twice (resumed runs pass stored results to update).
+    """
+
+    def __init__(self, space: Space, seed: int = 0) -> None:
+        self.space = space
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        self.seen: set[Config] = set()
+        self.results: list[MeasureResult] = []
+
+    def propose(self, n: int) -> list[Config]:
+        """Up to n new valid configs; fewer (or none) only when the space is exhausted."""
+        configs = [c for c in self._propose(n) if c not in self.seen][:n]
+        self.seen.update(configs)
+        return configs
+
+    def update(self, results: Sequence[MeasureResult]) -> None:
+        """Learn from measured (or failed) configs."""
+        self.results.extend(results)
+        self.seen.update(r.config for r in results)
+
+    def _propose(self, n: int) -> list[Config]:
+        raise NotImplementedError

@@ -1,0 +1,77 @@
+"""Builder: compiles candidates in parallel worker processes; needs no GPU.
+
+Compiling fills Triton's on-disk cache, so the runner's later compile of the same candidate is a
+cache hit; the builder reports compile time, shared memory, and failures as statuses.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from tritune.kernels.build import Problem, compile_kernel
+from tritune.kernels.expr import Matmul
+from tritune.records.result import Status
+from tritune.schedules.config import Config
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """Outcome of compiling one candidate: status None means it built and may be measured."""
+
+    config: Config
+    status: Status | None
+    compile_s: float
+    shared_bytes: int = 0
+    message: str = ""
+
+
+def build_one(expr: Matmul, config: Config, problem: Problem, target: Any, shared_limit: int) -> BuildResult:
+    """Compile one candidate and classify the outcome (runs in a pool worker)."""
+    start = time.perf_counter()
+    try:
+        compiled = compile_kernel(expr, config, problem, target)
+    except Exception as exc:  # noqa: BLE001 - any compiler failure is a result, not a crash
+        text = f"{type(exc).__name__}: {exc}"
+        status = Status.OUT_OF_RESOURCES if "out of resource" in text.lower() else Status.COMPILE_ERROR
+        return BuildResult(config, status, time.perf_counter() - start, message=text[:2000])
+    elapsed = time.perf_counter() - start
+    shared = compiled.metadata.shared
+    if shared_limit and shared > shared_limit:
+        return BuildResult(config, Status.OUT_OF_RESOURCES, elapsed, shared,
+                           f"needs {shared} bytes of shared memory, the device allows {shared_limit}")
+    return BuildResult(config, None, elapsed, shared)
+
+
+class Builder:
+    """A process pool compiling candidates for one target."""
+
+    def __init__(self, target: Any, shared_limit: int = 0, workers: int | None = None) -> None:
+        self.target, self.shared_limit = target, shared_limit
+        self.workers = workers or os.cpu_count() or 1
+        self._pool = self._new_pool()
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        # spawn: the parent may hold CUDA or thread state that a fork would copy
+        return ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+
+    def submit(self, expr: Matmul, problem: Problem, configs: Sequence[Config]) -> list[Future]:
+        """Start compiling each config; futures resolve to BuildResult."""
+        return [self._pool.submit(build_one, expr, c, problem, self.target, self.shared_limit) for c in configs]
+
+    def result(self, future: Future, config: Config) -> BuildResult:
+        """The BuildResult of a future, or a COMPILE_ERROR if the compiler process died."""
+        try:
+            return future.result()
+        except BrokenProcessPool as exc:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = self._new_pool()
+            return BuildResult(config, Status.COMPILE_ERROR, 0.0, message=f"compiler process died: {exc}")
+
+    def close(self) -> None:
+        """Shut the pool down."""
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,175 @@
+"""tune-cli: tune, list, export and import. Bad input gets one line on stderr and exit code 2."""
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import click
+
+from tritune.kernels.expr import DTYPES, ExprError, Matmul, epilogue_from_dict
+from tritune.records.database import Database, DatabaseError
+from tritune.search import REGISTRY
+from tritune.settings import SETTINGS
+
+OPS = ("matmul",)
+EXIT_USAGE, EXIT_NO_GPU = 2, 3
+
+
+class UsageError(click.ClickException):
+    """Bad input: reported as one line, exit code 2."""
+
+    exit_code = EXIT_USAGE
+
+
+def parse_shape(text: str) -> tuple[int, int, int, int]:
+    """'S' (square), 'M,N,K' or 'B,M,N,K' -> (batch, m, n, k)."""
+    try:
+        dims = [int(p) for p in text.replace("x", ",").split(",")]
+    except ValueError:
+        raise UsageError(f"bad --shape {text!r}: expected S, M,N,K or B,M,N,K of positive integers") from None
+    if len(dims) not in (1, 3, 4) or min(dims) < 1:
+        raise UsageError(f"bad --shape {text!r}: expected S, M,N,K or B,M,N,K of positive integers")
+    if len(dims) == 1:
+        dims = dims * 3
+    return tuple([1] * (4 - len(dims)) + dims)
+
+
+def parse_epilogue(text: str) -> tuple:
+    """'scale=0.5,bias,gelu_tanh' -> epilogue steps."""
+    steps = []
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        name, _, arg = item.partition("=")
+        spec = {"op": name}
+        if name == "scale":
+            spec["alpha"] = float(arg or 1.0)
+        elif name == "gelu_tanh":
+            spec = {"op": "gelu", "approximate": "tanh"}
+        steps.append(epilogue_from_dict(spec))
+    return tuple(steps)
+
+
+def make_expr(op: str, shape: str, dtype: str, layout: str, epilogue: str) -> Matmul:
+    """Validate the workload options into an expression."""
+    if op not in OPS:
+        raise UsageError(f"unknown op {op!r}; known: {', '.join(OPS)}")
+    if layout not in ("nn", "nt", "tn", "tt"):
+        raise UsageError(f"bad --layout {layout!r}: one of nn, nt, tn, tt (t = operand stored transposed)")
+    batch, m, n, k = parse_shape(shape)
+    try:
+        return Matmul(m, n, k, batch=batch, dtype=dtype, trans_a=layout[0] == "t", trans_b=layout[1] == "t",
+                      epilogue=parse_epilogue(epilogue))
+    except (ExprError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def open_db(path: str | None, must_exist: bool = False) -> Database:
+    """Open the tuning database, turning any failure into one line."""
+    target = Path(path) if path else SETTINGS.db_path
+    try:
+        return Database.open_existing(target) if must_exist else Database(target)
+    except DatabaseError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def require_gpu() -> None:
+    """Exit with one line when no CUDA GPU is visible."""
+    import torch
+
+    if not torch.cuda.is_available():
+        click.echo("tune-cli: no CUDA GPU found (torch.cuda.is_available() is False); tuning measures on a "
+                   "GPU. Without one, `tune-cli best`, `export` and `import` work, and the tests run "
+                   "kernels under TRITON_INTERPRET=1.", err=True)
+        sys.exit(EXIT_NO_GPU)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """tritune: autotune Triton kernels, store the best configs, replay them."""
+
+
+db_option = click.option("--db", "db_path", default=None, help=f"tuning database [default: $TRITUNE_DB or {SETTINGS.db_path}]")
+
+
+@cli.command()
+@click.option("--op", default="matmul", show_default=True, help=f"operator: {', '.join(OPS)}")
+@click.option("--shape", required=True, help="S (square), M,N,K or B,M,N,K")
+@click.option("--dtype", default="fp16", show_default=True, help=f"one of {', '.join(DTYPES)}")
+@click.option("--layout", default="nn", show_default=True, help="operand layouts: nn, nt, tn, tt")
+@click.option("--epilogue", default="", help="fused steps, e.g. 'scale=0.5,bias,relu' (bias, relu, gelu, gelu_tanh)")
+@click.option("--trials", default=128, show_default=True, type=click.IntRange(1), help="measurements in total for this workload")
+@click.option("--strategy", default="random", show_default=True, help=f"one of {', '.join(sorted(REGISTRY))}")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--batch-size", default=32, show_default=True, type=click.IntRange(1), help="candidates per round")
+@click.option("--early-stop", default=None, type=click.IntRange(1), help="stop after this many trials without a new best")
+@click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(1), help="seconds before a candidate counts as hung")
+@click.option("--workers", default=None, type=click.IntRange(1), help="compile processes [default: one per core]")
+@click.option("--summary-json", default=None, type=click.Path(dir_okay=False), help="also write the final numbers here")
+@click.option("--inject-fault", "faults", multiple=True, type=click.Choice(["oob", "hang"]), hidden=True)
+@db_option
+def run(op, shape, dtype, layout, epilogue, trials, strategy, seed, batch_size, early_stop, timeout, workers,
+        summary_json, faults, db_path) -> None:
+    """Tune one workload on this GPU and store every trial."""
+    from tritune.tuner.session import TuneOptions, tune
+
+    expr = make_expr(op, shape, dtype, layout, epilogue)
+    if strategy not in REGISTRY:
+        raise UsageError(f"unknown strategy {strategy!r}; known: {', '.join(sorted(REGISTRY))}")
+    if Path(db_path or SETTINGS.db_path).exists():
+        open_db(db_path, must_exist=True).close()  # a bad file is reported before anything else
+    require_gpu()
+    db = open_db(db_path)
+    options = TuneOptions(trials, strategy, seed, batch_size, early_stop, timeout, workers, tuple(faults))
+    summary = tune(expr, db, options)
+    if summary_json:
+        Path(summary_json).write_text(json.dumps(summary, indent=2))
+
+
+@cli.command()
+@click.option("--op", default=None, help="only this operator")
+@db_option
+def best(op, db_path) -> None:
+    """List the best stored config of every workload and device."""
+    from tritune.tuner.display import best_table, out
+
+    with open_db(db_path, must_exist=True) as db:
+        out.print(best_table(db.best_rows(op)))
+
+
+@cli.command("export")
+@click.option("--out", "out_path", default="-", type=click.Path(dir_okay=False, allow_dash=True), help="JSONL file ('-' = stdout)")
+@db_option
+def export_(out_path, db_path) -> None:
+    """Write every stored trial as JSON lines."""
+    with open_db(db_path, must_exist=True) as db, click.open_file(out_path, "w") as fp:
+        n = db.export_jsonl(fp)
+    click.echo(f"exported {n} trials", err=True)
+
+
+@cli.command("import")
+@click.argument("src", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
+@db_option
+def import_(src, db_path) -> None:
+    """Add trials from a JSONL file (all or nothing; stored configs are kept)."""
+    with open_db(db_path) as db, click.open_file(src) as fp:
+        try:
+            n = db.import_jsonl(fp)
+        except DatabaseError as exc:
+            raise UsageError(str(exc)) from None
+    click.echo(f"imported {n} new trials", err=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the CLI, turning usage errors into one line and exit code 2."""
+    warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION.*")
+    try:
+        cli.main(args=argv, prog_name="tune-cli", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("tune-cli: interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        click.echo(f"tune-cli: {exc.format_message()}", err=True)
+        sys.exit(EXIT_USAGE)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)

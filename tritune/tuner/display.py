@@ -1,0 +1,71 @@
+"""Terminal output of the CLI: progress bar and result tables (rich)."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Sequence
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from tritune.kernels.expr import Matmul
+from tritune.records.result import MeasureResult
+
+console = Console(stderr=True)
+out = Console()
+
+
+def tflops(expr: Matmul, ms: float | None) -> float:
+    """TFLOP/s of the expression at a time in milliseconds."""
+    return expr.flops / (ms * 1e-3) / 1e12 if ms else 0.0
+
+
+def progress() -> Progress:
+    """A progress bar showing trials done, best so far and ETA."""
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("best {task.fields[best]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+        console=console, transient=False,
+    )
+
+
+def config_text(result: MeasureResult) -> str:
+    """Compact one-line form of a config."""
+    c = result.config
+    return " ".join(f"{k}={c[k]}" for k in c)
+
+
+def status_line(results: Sequence[MeasureResult]) -> str:
+    """'128 trials: 120 OK, 5 OUT_OF_RESOURCES, ...'."""
+    counts = Counter(r.status.value for r in results)
+    parts = ", ".join(f"{n} {s}" for s, n in counts.most_common())
+    return f"{len(results)} trials: {parts}"
+
+
+def summary_table(expr: Matmul, best: MeasureResult, h2h: dict, gpu: str) -> Table:
+    """The final table of `tune-cli run`: best config against torch, measured in the same run."""
+    table = Table(title=f"{expr.describe()} on {gpu}")
+    for col in ("", "median ms", "TFLOP/s", "vs torch"):
+        table.add_column(col, justify="right" if col else "left")
+    ours, theirs = h2h["ours_ms"], h2h["torch_ms"]
+    table.add_row("tritune best", f"{ours:.4f}", f"{tflops(expr, ours):.1f}", f"{theirs / ours:.3f}x")
+    table.add_row("torch (cuBLAS)", f"{theirs:.4f}", f"{tflops(expr, theirs):.1f}", "1.000x")
+    table.caption = f"best config: {config_text(best)}"
+    return table
+
+
+def best_table(rows: Sequence) -> Table:
+    """`tune-cli best`: one row per workload and device."""
+    table = Table(title="best stored configs")
+    for col in ("workload", "device", "trials", "median ms", "TFLOP/s", "config"):
+        table.add_column(col)
+    for row in rows:
+        expr = Matmul.from_dict(json.loads(row.workload_spec))
+        dev = f"{row.device.gpu} (triton {row.device.triton})"
+        ms = row.result.t_median
+        table.add_row(expr.describe(), dev, str(row.n_trials), f"{ms:.4f}", f"{tflops(expr, ms):.1f}",
+                      config_text(row.result))
+    if not rows:
+        table.caption = "no tuned workloads yet: run `tune-cli run --op matmul --shape 4096`"
+    return table

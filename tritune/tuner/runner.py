@@ -1,0 +1,162 @@
+"""Runner: one GPU worker process that checks and times candidates, isolated from the tuner.
+
+A candidate that corrupts the CUDA context or hangs takes only the worker down: the parent sees
+the crash (or its own timeout), records CRASH/TIMEOUT, and starts a fresh worker for the next one.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from typing import Any, Callable
+
+from tritune.kernels.expr import Matmul
+from tritune.records.result import MeasureResult, Status
+from tritune.schedules.config import Config
+from tritune.tuner.measure import Timing, classify
+
+STARTUP_TIMEOUT_S = 120.0
+
+
+def gpu_handlers(timing: Timing) -> dict[str, Callable[[dict], Any]]:
+    """The worker's request handlers on a real GPU."""
+    import torch
+
+    from tritune.kernels.device import device_info
+    from tritune.tuner import measure
+
+    # the float64 reference must not silently drop to tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return {
+        "info": lambda p: device_info(),
+        "measure": lambda p: measure.measure_candidate(p["expr"], p["config"], p["seed"], timing),
+        "torch": lambda p: measure.measure_torch(p["expr"], p["seed"], timing),
+        "head_to_head": lambda p: measure.head_to_head(p["expr"], p["config"], p["seed"], timing),
+    }
+
+
+def _serve(conn: Any, make_handlers: Callable[[Timing], dict], timing: Timing) -> None:
+    """Worker loop: answer requests until told to stop, or until a fatal CUDA error."""
+    handlers = make_handlers(timing)
+    while True:
+        try:
+            kind, payload = conn.recv()
+        except EOFError:
+            return
+        if kind == "stop":
+            return
+        try:
+            conn.send(("ok", handlers[kind](payload)))
+        except BaseException as exc:  # noqa: BLE001 - every failure is reported, never raised here
+            status, fatal = classify(exc)
+            conn.send(("error", {"status": status, "message": f"{type(exc).__name__}: {exc}"[:2000]}))
+            if fatal:
+                return
+
+
+class WorkerDied(RuntimeError):
+    """The worker crashed or timed out while serving a request."""
+
+    def __init__(self, status: Status, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Runner:
+    """Measures candidates on the GPU through a restartable worker process."""
+
+    def __init__(self, timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
+                 handlers: Callable[[Timing], dict] = gpu_handlers) -> None:
+        self.timing, self.timeout_s, self.seed = timing, timeout_s, seed
+        self._handlers = handlers  # replaceable so isolation is testable without a GPU
+        self._ctx = mp.get_context("spawn")  # never fork a process that may hold a CUDA context
+        self._proc: Any = None
+        self._conn: Any = None
+        self._starts = 0
+
+    @property
+    def restarts(self) -> int:
+        """How many times a worker was replaced after a crash or timeout."""
+        return max(0, self._starts - 1)
+
+    def _start(self) -> None:
+        self._starts += 1
+        parent, child = self._ctx.Pipe()
+        self._proc = self._ctx.Process(target=_serve, args=(child, self._handlers, self.timing), daemon=True)
+        self._proc.start()
+        child.close()
+        self._conn = parent
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.join(5)
+        self._proc = self._conn = None
+
+    def request(self, kind: str, payload: dict, timeout_s: float | None = None) -> tuple[str, Any]:
+        """Send one request; raises WorkerDied (and drops the worker) on crash or timeout."""
+        if self._proc is None or not self._proc.is_alive():
+            self._kill()
+            self._start()
+        self._conn.send((kind, payload))
+        limit = timeout_s or self.timeout_s
+        if not self._conn.poll(limit):
+            self._kill()
+            raise WorkerDied(Status.TIMEOUT, f"no answer within {limit:.0f} s (hang?); worker restarted")
+        try:
+            answer = self._conn.recv()
+        except (EOFError, ConnectionError):
+            code = self._proc.exitcode if self._proc is not None else None
+            self._kill()
+            raise WorkerDied(Status.CRASH, f"worker died (exit code {code}); restarted") from None
+        if answer[0] == "error" and answer[1]["status"] is Status.CRASH:
+            self._kill()
+        return answer
+
+    def device_info(self) -> dict:
+        """GPU facts from the worker (the parent never initialises CUDA)."""
+        status, info = self.request("info", {}, STARTUP_TIMEOUT_S)
+        if status != "ok":
+            raise RuntimeError(info["message"])
+        return info
+
+    def measure(self, expr: Matmul, config: Config, compile_s: float = 0.0) -> MeasureResult:
+        """Check and time one built candidate; failures come back as results, never raised."""
+        try:
+            status, data = self.request("measure", {"expr": expr, "config": config, "seed": self.seed})
+        except WorkerDied as died:
+            return MeasureResult(config, died.status, compile_s=compile_s, message=str(died))
+        if status == "error" or data["status"] is not Status.OK:
+            return MeasureResult(config, data["status"], compile_s=compile_s, message=data["message"])
+        t_min, t_p20, t_median, t_p80 = data["times"]
+        return MeasureResult(config, Status.OK, t_min, t_p20, t_median, t_p80, compile_s,
+                             time.time(), data["message"])
+
+    def torch_time(self, expr: Matmul) -> tuple[float, ...]:
+        """(min, p20, median, p80) ms of the eager PyTorch version."""
+        return self._checked("torch", {"expr": expr, "seed": self.seed})
+
+    def head_to_head(self, expr: Matmul, config: Config) -> dict:
+        """Median ms of the tuned kernel and of PyTorch, alternated in one process."""
+        return self._checked("head_to_head", {"expr": expr, "config": config, "seed": self.seed})
+
+    def _checked(self, kind: str, payload: dict) -> Any:
+        status, data = self.request(kind, payload, STARTUP_TIMEOUT_S)
+        if status != "ok":
+            raise RuntimeError(data["message"])
+        return data
+
+    def close(self) -> None:
+        """Stop the worker."""
+        if self._proc is not None and self._proc.is_alive():
+            try:
+                self._conn.send(("stop", {}))
+                self._proc.join(10)
+            except (BrokenPipeError, OSError):
+                pass
+        self._kill()
+
+    def __enter__(self) -> "Runner":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

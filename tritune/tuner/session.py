@@ -1,0 +1,95 @@
+"""One `tune-cli run`: start the GPU worker and compile pool, tune, compare with torch, report."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from tritune.kernels.expr import Matmul
+from tritune.kernels.device import device_key
+from tritune.records.database import Database
+from tritune.schedules.matmul import Limits
+from tritune.search import make_strategy
+from tritune.tuner import display
+from tritune.tuner.builder import Builder
+from tritune.tuner.runner import Runner
+from tritune.tuner.tuner import Task, Tuner, best_of
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """The knobs of a tuning run, as given on the command line."""
+
+    trials: int = 128
+    strategy: str = "random"
+    seed: int = 0
+    batch_size: int = 32
+    early_stop: int | None = None
+    timeout_s: float = 30.0
+    workers: int | None = None
+    faults: tuple[str, ...] = ()
+
+
+def device_task(expr: Matmul, info: dict) -> Task:
+    """The task for an expression on the GPU the runner reported."""
+    major, minor = (int(x) for x in info["capability"].split("."))
+    known = Limits.for_capability(major, minor)
+    limits = Limits(info["shared_bytes"] or known.shared_bytes, info["sms"] or known.sms)
+    return Task(expr, device_key(info), limits)
+
+
+def tune(expr: Matmul, db: Database, options: TuneOptions) -> dict:
+    """Tune `expr`, print progress and the final table, and return the summary numbers."""
+    from triton.backends.compiler import GPUTarget
+
+    start = time.time()
+    with Runner(timeout_s=options.timeout_s, seed=options.seed) as runner:
+        info = runner.device_info()
+        task = device_task(expr, info)
+        major, minor = (int(x) for x in info["capability"].split("."))
+        builder = Builder(GPUTarget("cuda", major * 10 + minor, 32), task.limits.shared_bytes, options.workers)
+        strategy = make_strategy(options.strategy, task.space, seed=options.seed)
+        try:
+            history = _tune_loop(task, strategy, builder, runner, db, options)
+        finally:
+            builder.close()
+        best = best_of(history)
+        display.console.print(display.status_line(history) + f"; worker restarts: {runner.restarts}")
+        if best is None:
+            display.console.print("[red]no candidate ran correctly[/red]")
+            return {"workload": expr.to_dict(), "trials": len(history), "best": None}
+        h2h = runner.head_to_head(expr, best.config)
+    display.out.print(display.summary_table(expr, best, h2h, info["gpu"]))
+    return _summary(expr, task, history, best, h2h, time.time() - start)
+
+
+def _tune_loop(task: Task, strategy, builder, runner, db, options: TuneOptions) -> list:
+    expr = task.expr
+    with display.progress() as bar:
+        job = bar.add_task(expr.describe(), total=options.trials, best="-")
+        state = {"best": None}
+
+        def on_result(result) -> None:
+            if result.ok and (state["best"] is None or result.t_median < state["best"]):
+                state["best"] = result.t_median
+            best = f"{display.tflops(expr, state['best']):.1f} TFLOP/s" if state["best"] else "-"
+            bar.update(job, advance=1, best=best)
+
+        tuner = Tuner(task, strategy, builder, runner, db, options.batch_size, options.early_stop,
+                      options.faults, on_result)
+        history = tuner.run(options.trials)
+        if tuner.stored:
+            bar.console.print(f"resumed: {len(tuner.stored)} trials were already stored")
+            bar.update(job, completed=len(history))
+    return history
+
+
+def _summary(expr: Matmul, task: Task, history: list, best, h2h: dict, wall_s: float) -> dict:
+    return {
+        "workload": expr.to_dict(), "device": task.device.__dict__, "trials": len(history),
+        "statuses": {s: sum(r.status.value == s for r in history) for s in {r.status.value for r in history}},
+        "best_config": dict(best.config), "best_median_ms": best.t_median,
+        "final_ours_ms": h2h["ours_ms"], "final_torch_ms": h2h["torch_ms"],
+        "ours_tflops": display.tflops(expr, h2h["ours_ms"]), "torch_tflops": display.tflops(expr, h2h["torch_ms"]),
+        "ratio_vs_torch": h2h["torch_ms"] / h2h["ours_ms"], "wall_s": wall_s,
+        "space_valid": len(task.space.valid_indices), "space_size": task.space.size,
+    }

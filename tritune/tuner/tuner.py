@@ -1,0 +1,97 @@
+"""Tuner: owns the loop propose -> build -> measure -> store -> update, its budget and stopping."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Callable, Sequence
+
+from tritune.kernels.build import canonical_problem
+from tritune.kernels.expr import DTYPE_BYTES, Matmul
+from tritune.records.database import Database
+from tritune.records.result import DeviceKey, MeasureResult
+from tritune.schedules.config import Config
+from tritune.schedules.matmul import Limits, matmul_space
+from tritune.schedules.space import Space
+from tritune.search.base import Strategy
+from tritune.tuner.builder import Builder
+from tritune.tuner.runner import Runner
+
+
+@dataclass(frozen=True)
+class Task:
+    """What to tune (the expression) on which device."""
+
+    expr: Matmul
+    device: DeviceKey
+    limits: Limits
+
+    @cached_property
+    def space(self) -> Space:
+        """The schedule space of this task."""
+        e = self.expr
+        return matmul_space(e.m, e.n, e.k, DTYPE_BYTES[e.dtype], self.limits)
+
+
+def best_of(results: Sequence[MeasureResult]) -> MeasureResult | None:
+    """The fastest correct result (lowest median), or None."""
+    ok = [r for r in results if r.ok]
+    return min(ok, key=lambda r: r.t_median) if ok else None
+
+
+class Tuner:
+    """Runs a strategy against a builder and runner, storing every batch in the database."""
+
+    def __init__(self, task: Task, strategy: Strategy, builder: Builder, runner: Runner, db: Database,
+                 batch_size: int = 32, early_stop: int | None = None, faults: Sequence[str] = (),
+                 on_result: Callable[[MeasureResult], None] | None = None) -> None:
+        self.task, self.strategy, self.builder, self.runner, self.db = task, strategy, builder, runner, db
+        self.batch_size, self.early_stop = batch_size, early_stop
+        self.faults = list(faults)  # test hook: the first candidates are built broken
+        self.on_result = on_result or (lambda r: None)
+        self.stored: list[MeasureResult] = []
+
+    def run(self, trials: int) -> list[MeasureResult]:
+        """Measure until the database holds `trials` for this task (resuming), or search stops."""
+        expr, device = self.task.expr, self.task.device
+        self.db.add_workload(expr.key, expr.op, expr.dtype, expr.to_json())
+        self.stored = self.db.trials(expr.key, device)
+        self.strategy.update(self.stored)
+        history = list(self.stored)
+        while len(history) < trials and not self._stalled(history):
+            configs = self.strategy.propose(min(self.batch_size, trials - len(history)))
+            if not configs:
+                break  # the space is exhausted
+            results = self._measure(self._inject(configs))
+            self.db.save(expr.key, device, results)  # one transaction per batch
+            self.strategy.update(results)
+            history.extend(results)
+        return history
+
+    def _measure(self, configs: list[Config]) -> list[MeasureResult]:
+        expr = self.task.expr
+        futures = self.builder.submit(expr, canonical_problem(expr), configs)
+        results = []
+        for config, future in zip(configs, futures):  # measured in order while later ones compile
+            built = self.builder.result(future, config)
+            if built.status is not None:
+                result = MeasureResult(config, built.status, compile_s=built.compile_s, message=built.message)
+            else:
+                result = self.runner.measure(expr, config, built.compile_s)
+            self.on_result(result)
+            results.append(result)
+        return results
+
+    def _inject(self, configs: list[Config]) -> list[Config]:
+        injected = [c.replace(fault=f) for c, f in zip(configs, self.faults)]
+        self.faults = []
+        return injected + configs[len(injected):]
+
+    def _stalled(self, history: list[MeasureResult]) -> bool:
+        """Early stopping: no new best within the last `early_stop` trials."""
+        if not self.early_stop or len(history) <= self.early_stop:
+            return False
+        best = best_of(history)
+        if best is None:
+            return False
+        last_improvement = max(i for i, r in enumerate(history) if r is best)
+        return len(history) - 1 - last_improvement >= self.early_stop
