@@ -5,7 +5,7 @@ import fake_worker
 from tritune.kernels.expr import Matmul
 from tritune.records.result import Status
 from tritune.schedules.config import Config
-from tritune.tuner.measure import classify
+from tritune.tuner.failures import classify
 from tritune.tuner.runner import Runner
 
 EXPR = Matmul(8, 8, 8)
@@ -41,7 +41,13 @@ def test_ordinary_errors_keep_the_worker(runner):
     (RuntimeError("CUDA error: misaligned address"), Status.CRASH, True),
     (type("OutOfResources", (Exception,), {})("out of resource: shared memory, Required: 300000"),
      Status.OUT_OF_RESOURCES, False),
+    (RuntimeError("ptxas error: Try to compile with register target of 154 or higher"),
+     Status.OUT_OF_RESOURCES, False),
     (ValueError("bad value"), Status.RUNTIME_ERROR, False),
 ])
 def test_classify(exc, status, fatal):
     assert classify(exc) == (status, fatal)
+
+
+def test_unknown_compiler_failures_are_compile_errors():
+    assert classify(SyntaxError("unexpected token"), compiling=True) == (Status.COMPILE_ERROR, False)

@@ -66,7 +66,8 @@ def test_injected_faults_are_recorded_and_the_run_completes(tmp_path):
     db = Database(tmp_path / "t.db")
     history, _, runner = tune(db, 16, faults=("oob", "hang"))
     assert [r.status for r in history[:2]] == [Status.CRASH, Status.TIMEOUT]
-    assert len(history) == 16 and sum(r.ok for r in history) >= 10
+    assert len(history) == 16 and any(r.ok for r in history)
+    assert all(r.status in (Status.OK, Status.COMPILE_ERROR, Status.WRONG_ANSWER) for r in history[2:])
     assert [r.config.get("fault") for r in db.trials(EXPR.key, DEVICE)[:2]] == ["oob", "hang"]
 
 

@@ -15,13 +15,17 @@ KNOBS = (
     Knob("num_stages", (2, 3, 4, 5, 6)),
     Knob("UNROLL", (1, 2, 4)),
 )
-MAX_WARPS = max(dict((k.name, k.values) for k in KNOBS)["num_warps"])
+WARPS = dict((k.name, k.values) for k in KNOBS)["num_warps"]
 # A tile that could double along M or N and still launch this many waves of programs over the
 # SMs only gives up data reuse: the larger tile fills the GPU just as well.
 MIN_WAVES_TO_SHRINK = 4
 # Above this many fp32 accumulator registers per thread, of the 255 a thread may hold, the
 # operands and addresses no longer fit and the kernel spills.
 MAX_ACC_REGS = 128
+# An SM's register file is shared by a program's threads (65536 / threads each); besides the
+# accumulator a thread needs about this many for addresses, loop state and operand fragments
+# (256x256 tiles on 16 warps, 128 + 26, failed in ptxas on an H100).
+REGS_PER_SM, RESERVED_REGS = 65536, 48
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,15 @@ class Limits:
         """Limits of a compute capability from the known table."""
         shared, sms = cls.KNOWN.get((major, minor), (101376, 80))
         return cls(shared_bytes=shared, sms=sms)
+
+
+def acc_budget(num_warps: int) -> int:
+    """Accumulator registers a thread may use at this many warps per program."""
+    return min(MAX_ACC_REGS, REGS_PER_SM // (32 * num_warps) - RESERVED_REGS)
+
+
+# The largest accumulator tile (elements) that any warp count can hold.
+MAX_TILE = max(32 * w * acc_budget(w) for w in WARPS)
 
 
 def _pow2_ceil(x: int) -> int:
@@ -61,7 +74,8 @@ def matmul_space(m: int, n: int, k: int, element_bytes: int, limits: Limits) -> 
 
     def registers(c: Config) -> str | None:
         per_thread = c["BLOCK_M"] * c["BLOCK_N"] // (32 * c["num_warps"])
-        return f"{per_thread} accumulator registers per thread" if per_thread > MAX_ACC_REGS else None
+        budget = acc_budget(c["num_warps"])
+        return f"{per_thread} accumulator registers per thread > {budget}" if per_thread > budget else None
 
     def tile_fits(c: Config) -> str | None:
         for knob, dim in (("BLOCK_M", m), ("BLOCK_N", n), ("BLOCK_K", k)):
@@ -71,7 +85,7 @@ def matmul_space(m: int, n: int, k: int, element_bytes: int, limits: Limits) -> 
 
     def not_too_small(c: Config) -> str | None:
         bm, bn = c["BLOCK_M"], c["BLOCK_N"]
-        if 2 * bm * bn > MAX_ACC_REGS * 32 * MAX_WARPS:
+        if 2 * bm * bn > MAX_TILE:
             return None  # no feasible larger tile
         tiles_m, tiles_n = -(-m // bm), -(-n // bn)
         enough = MIN_WAVES_TO_SHRINK * limits.sms

@@ -17,6 +17,7 @@ from tritune.kernels.build import Problem, compile_kernel
 from tritune.kernels.expr import Matmul
 from tritune.records.result import Status
 from tritune.schedules.config import Config
+from tritune.tuner.failures import classify
 
 
 @dataclass(frozen=True)
@@ -36,9 +37,8 @@ def build_one(expr: Matmul, config: Config, problem: Problem, target: Any, share
     try:
         compiled = compile_kernel(expr, config, problem, target)
     except Exception as exc:  # noqa: BLE001 - any compiler failure is a result, not a crash
-        text = f"{type(exc).__name__}: {exc}"
-        status = Status.OUT_OF_RESOURCES if "out of resource" in text.lower() else Status.COMPILE_ERROR
-        return BuildResult(config, status, time.perf_counter() - start, message=text[:2000])
+        status, _ = classify(exc, compiling=True)
+        return BuildResult(config, status, time.perf_counter() - start, message=f"{type(exc).__name__}: {exc}"[:2000])
     elapsed = time.perf_counter() - start
     shared = compiled.metadata.shared
     if shared_limit and shared > shared_limit:

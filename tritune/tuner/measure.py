@@ -20,9 +20,6 @@ QUANTILES = (0.0, 0.2, 0.5, 0.8)
 # Relative Frobenius error allowed per operand type: output rounding of fp16 is ~3e-4 and of
 # bf16 ~2e-3; tf32 rounds inputs to 10 mantissa bits, like fp16.
 TOLERANCE = {"fp16": 2e-3, "bf16": 1e-2, "tf32": 2e-3, "fp32": 1e-5}
-# CUDA errors after which the context is unusable: the worker must exit and be replaced.
-FATAL_MARKERS = ("illegal memory access", "illegal address", "misaligned address",
-                 "unspecified launch failure", "illegal instruction", "device-side assert")
 
 
 @dataclass(frozen=True)
@@ -92,18 +89,6 @@ def time_fn(fn: Callable[[], Any], timing: Timing) -> tuple[float, ...]:
 
     return tuple(float(t) for t in do_bench(fn, warmup=timing.warmup_ms, rep=timing.rep_ms,
                                             quantiles=list(QUANTILES)))
-
-
-def classify(exc: BaseException) -> tuple[Status, bool]:
-    """Status of an exception raised while loading or running a kernel, and whether it is fatal."""
-    text = f"{type(exc).__name__}: {exc}".lower()
-    if any(marker in text for marker in FATAL_MARKERS):
-        return Status.CRASH, True
-    if "outofresources" in text or "out of resource" in text:
-        return Status.OUT_OF_RESOURCES, False
-    if "compil" in text:
-        return Status.COMPILE_ERROR, False
-    return Status.RUNTIME_ERROR, "cuda" in text
 
 
 def measure_candidate(expr: Matmul, config: Config, seed: int, timing: Timing) -> dict:

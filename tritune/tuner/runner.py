@@ -12,7 +12,8 @@ from typing import Any, Callable
 from tritune.kernels.expr import Matmul
 from tritune.records.result import MeasureResult, Status
 from tritune.schedules.config import Config
-from tritune.tuner.measure import Timing, classify
+from tritune.tuner.failures import classify
+from tritune.tuner.measure import Timing
 
 STARTUP_TIMEOUT_S = 120.0
 
@@ -85,6 +86,16 @@ class Runner:
         self._proc.start()
         child.close()
         self._conn = parent
+        # handshake, so that start-up (torch import, CUDA init) never counts against a candidate
+        parent.send(("info", {}))
+        if not parent.poll(STARTUP_TIMEOUT_S):
+            self._kill()
+            raise WorkerDied(Status.CRASH, f"GPU worker did not start within {STARTUP_TIMEOUT_S:.0f} s")
+        try:
+            parent.recv()
+        except (EOFError, ConnectionError):
+            self._kill()
+            raise WorkerDied(Status.CRASH, "GPU worker died while starting") from None
 
     def _kill(self) -> None:
         if self._proc is not None:
