@@ -111,6 +111,7 @@ db_option = click.option("--db", "db_path", default=None, help=f"tuning database
 def run(op, shape, dtype, layout, epilogue, trials, strategy, seed, batch_size, early_stop, timeout, workers,
         summary_json, faults, db_path) -> None:
     """Tune one workload on this GPU and store every trial."""
+    from tritune.tuner.runner import WorkerDied
     from tritune.tuner.session import TuneOptions, tune
 
     expr = make_expr(op, shape, dtype, layout, epilogue)
@@ -121,7 +122,11 @@ def run(op, shape, dtype, layout, epilogue, trials, strategy, seed, batch_size, 
     require_gpu()
     db = open_db(db_path)
     options = TuneOptions(trials, strategy, seed, batch_size, early_stop, timeout, workers, tuple(faults))
-    summary = tune(expr, db, options)
+    try:
+        summary = tune(expr, db, options)
+    except WorkerDied as exc:  # the GPU worker could not even start: nothing to tune with
+        click.echo(f"tune-cli: {exc}", err=True)
+        sys.exit(EXIT_NO_GPU)
     if summary_json:
         Path(summary_json).write_text(json.dumps(summary, indent=2))
 
@@ -165,8 +170,8 @@ def main(argv: list[str] | None = None) -> None:
     warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION.*")
     try:
         cli.main(args=argv, prog_name="tune-cli", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("tune-cli: interrupted", err=True)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("tune-cli: interrupted; every finished batch is stored, a rerun resumes", err=True)
         sys.exit(130)
     except click.ClickException as exc:
         click.echo(f"tune-cli: {exc.format_message()}", err=True)
