@@ -15,6 +15,7 @@ from triton.backends.compiler import GPUTarget
 from tritune.kernels.build import canonical_problem
 from tritune.tuner.builder import Builder
 from tritune.tuner.cli import make_expr
+from tritune.tuner.measure import Timing
 from tritune.tuner.runner import Runner
 from tritune.tuner.session import device_task
 
@@ -27,11 +28,13 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--faults", default="")
     p.add_argument("--timeout", type=float, default=20.0)
+    p.add_argument("--warmup-ms", type=float, default=25.0)
+    p.add_argument("--rep-ms", type=float, default=100.0)
     p.add_argument("--out", default=None)
     args = p.parse_args()
     expr = make_expr("matmul", args.shape, args.dtype, "nn", "")
     t0 = time.time()
-    with Runner(timeout_s=args.timeout, seed=args.seed) as runner:
+    with Runner(Timing(args.warmup_ms, args.rep_ms), timeout_s=args.timeout, seed=args.seed) as runner:
         info = runner.device_info()
         task = device_task(expr, info)
         major, minor = (int(x) for x in info["capability"].split("."))
@@ -60,7 +63,10 @@ def report(expr, info, results, torch_ms, args, walls) -> None:
                      "message": (measured.message if measured else built.message)[:200]})
     if args.out:
         with open(args.out, "w") as fp:
-            fp.write(json.dumps({"meta": {"workload": expr.to_dict(), "device": info, "torch_ms": torch_ms}}) + "\n")
+            meta = {"workload": expr.to_dict(), "device": info, "torch_ms": torch_ms, "seed": args.seed,
+                    "space_valid": len(results), "timing_ms": [args.warmup_ms, args.rep_ms],
+                    "date": time.strftime("%Y-%m-%d")}
+            fp.write(json.dumps({"meta": meta}) + "\n")
             for r in rows:
                 fp.write(json.dumps(r) + "\n")
     ok = sorted(r["t_median"] for r in rows if r["status"] == "OK")

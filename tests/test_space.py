@@ -15,8 +15,21 @@ def big():
 
 
 def test_space_is_larger_than_anyone_would_measure(big):
-    assert big.size == np.prod([len(k.values) for k in KNOBS])
-    assert len(big.valid_indices) > 2000
+    assert big.size == np.prod([len(k.values) for k in KNOBS]) >= 40000
+    assert len(big.valid_indices) > 500
+    assert len(matmul_space(1024, 1024, 1024, 2, H100).valid_indices) > 5000
+
+
+def test_small_tiles_and_shallow_k_steps_are_pruned_only_where_a_larger_one_fits(big):
+    base = Config.of(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=3, UNROLL=1)
+    assert big.valid(base)
+    assert "twice as tall" in big.why_invalid(base.replace(BLOCK_M=32))  # 4096^3: 32-row tiles waste reuse
+    assert "K step" in big.why_invalid(base.replace(BLOCK_K=64))  # 128 fits and keeps the pipeline full
+    deep = Config.of(BLOCK_M=128, BLOCK_N=256, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=6, UNROLL=1)
+    assert big.valid(deep)  # BLOCK_K=64 at 6 stages would not fit in shared memory
+    skinny = matmul_space(16, 4096, 4096, 2, H100)
+    assert skinny.valid(Config.of(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, GROUP_M=1, num_warps=4,
+                                  num_stages=3, UNROLL=1))  # small tiles are how skinny shapes fill the GPU
 
 
 def test_index_round_trip(big):
@@ -38,7 +51,7 @@ def test_constraints_prune_with_a_reason(big):
     too_big = Config.of(BLOCK_M=256, BLOCK_N=256, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=5, UNROLL=4)
     assert not big.valid(too_big)
     assert big.why_invalid(too_big)
-    ptxas_failure = Config.of(BLOCK_M=256, BLOCK_N=256, BLOCK_K=16, GROUP_M=2, num_warps=16, num_stages=5, UNROLL=1)
+    ptxas_failure = Config.of(BLOCK_M=256, BLOCK_N=256, BLOCK_K=64, GROUP_M=2, num_warps=16, num_stages=3, UNROLL=1)
     assert "registers" in big.why_invalid(ptxas_failure)  # seen failing in ptxas on an H100
     skinny = matmul_space(16, 4096, 4096, 2, H100)
     wide_tile = Config.of(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, GROUP_M=1, num_warps=4, num_stages=3, UNROLL=1)
