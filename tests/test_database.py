@@ -1,6 +1,7 @@
 """The tuning database: round trip, resume, best per device, JSONL, and refusing bad files untouched."""
 import io
 import json
+import random
 import sqlite3
 
 import pytest
@@ -33,6 +34,9 @@ def test_round_trip_keeps_every_field(db):
     assert db.save("w1", H100, results) == 2
     assert db.trials("w1", H100) == results
     assert db.trials("w1", H100)[1].t_median is None
+    db.close()
+    with Database(db.path) as again:
+        assert again.trials("w1", H100) == results and again.trials("w2") == []
 
 
 def test_stored_configs_are_skipped_not_overwritten(db):
@@ -43,20 +47,27 @@ def test_stored_configs_are_skipped_not_overwritten(db):
 
 
 def test_best_is_the_lowest_median_among_correct_results(db):
-    db.save("w1", H100, [ok(CFG, 0.5), ok(CFG.replace(GROUP_M=4), 0.3),
-                         MeasureResult(CFG.replace(GROUP_M=8), Status.WRONG_ANSWER, message="wrong")])
-    assert db.best("w1", H100).config == CFG.replace(GROUP_M=4)
+    wrong_but_fast = MeasureResult(CFG.replace(GROUP_M=8), Status.WRONG_ANSWER, 0.01, 0.01, 0.01, 0.01)
+    db.save("w1", H100, [ok(CFG, 0.5), wrong_but_fast, ok(CFG.replace(GROUP_M=4), 0.3),
+                         MeasureResult(CFG.replace(GROUP_M=2), Status.COMPILE_ERROR, message="boom")])
+    assert db.best("w1", H100) == ok(CFG.replace(GROUP_M=4), 0.3)
     assert db.best("w2", H100) is None
 
 
 def test_devices_are_kept_apart(db):
-    db.save("w1", H100, [ok(CFG, 0.5)])
+    db.save("w1", H100, [ok(CFG, 0.5), MeasureResult(CFG.replace(GROUP_M=8), Status.CRASH)])
     db.save("w1", OTHER_TEMPLATE, [ok(CFG.replace(GROUP_M=4), 0.1)])
+    db.save("w2", H100, [MeasureResult(CFG, Status.TIMEOUT)])  # no OK trial: no best row
     assert db.best("w1", H100).t_median == 0.5
-    assert len(db.trials("w1")) == 2 and len(db.trials("w1", H100)) == 1
+    assert db.best("w1", DeviceKey("NVIDIA A100", "8.0", "3.6.0", "2.11.0", "tmplA")) is None
+    assert len(db.trials("w1")) == 3 and len(db.trials("w1", H100)) == 2
+    assert db.measured_keys("w1", OTHER_TEMPLATE) == {CFG.replace(GROUP_M=4).key}
     rows = db.best_rows("matmul")
-    assert {(r.device, r.result.t_median, r.n_trials) for r in rows} == {(H100, 0.5, 1), (OTHER_TEMPLATE, 0.1, 1)}
-    assert db.best_rows("conv") == []
+    assert {(r.device, r.result.config, r.result.t_median, r.n_trials) for r in rows} == {
+        (H100, CFG, 0.5, 2), (OTHER_TEMPLATE, CFG.replace(GROUP_M=4), 0.1, 1)}
+    assert {(r.workload_key, r.op, r.dtype, r.workload_spec) for r in rows} == {
+        ("w1", "matmul", "fp16", '{"m":64,"op":"matmul"}')}
+    assert db.best_rows() == rows and db.best_rows("conv") == []
 
 
 def test_unknown_workload_is_refused(db):
@@ -77,58 +88,109 @@ def test_jsonl_export_import_round_trip(db, tmp_path):
     assert fresh.workloads() == db.workloads()
 
 
-def test_import_with_one_bad_line_writes_nothing(db, tmp_path):
+def test_export_line_format(db):
     db.save("w1", H100, [ok(CFG, 0.5)])
     buf = io.StringIO()
     db.export_jsonl(buf)
-    good = buf.getvalue()
-    bad = good + json.dumps(dict(json.loads(good), status="EXPLODED")) + "\n"
+    line = json.loads(buf.getvalue())
+    assert line["workload"] == {"key": "w1", "op": "matmul", "dtype": "fp16", "spec": {"m": 64, "op": "matmul"}}
+    assert line["device"]["template"] == "tmplA" and line["config"] == dict(CFG)
+    assert (line["status"], line["t_median"], line["compile_s"], line["message"]) == ("OK", 0.5, 1.5, "err 1e-4")
+
+
+def break_status(line):
+    return json.dumps(dict(json.loads(line), status="EXPLODED"))
+
+
+def drop_config(line):
+    return json.dumps({k: v for k, v in json.loads(line).items() if k != "config"})
+
+
+@pytest.mark.parametrize("corrupt, reason", [
+    (break_status, "unknown status 'EXPLODED'"), (drop_config, "missing field 'config'"),
+    (lambda line: line[:40], ""), (lambda line: "[1, 2]", "not a JSON object")])
+def test_import_with_one_bad_line_writes_nothing(db, tmp_path, corrupt, reason):
+    db.save("w1", H100, [ok(CFG, 0.5), ok(CFG.replace(GROUP_M=4), 0.6)])
+    buf = io.StringIO()
+    db.export_jsonl(buf)
+    first, second = buf.getvalue().splitlines()
     fresh = Database(tmp_path / "fresh.db")
-    with pytest.raises(DatabaseError, match="line 2"):
-        fresh.import_jsonl(io.StringIO(bad))
+    with pytest.raises(DatabaseError, match=f"line 2: {reason}"):
+        fresh.import_jsonl(io.StringIO(f"{first}\n{corrupt(second)}\n"))
     assert fresh.workloads() == [] and fresh.trials("w1") == []
 
 
-@pytest.mark.parametrize("content", [b"\x00\x01garbage" * 50, b"just some text\n"])
-def test_not_a_database_is_refused_and_untouched(tmp_path, content):
+@pytest.mark.parametrize("content", [bytes(random.Random(0).randrange(256) for _ in range(5000)),
+                                     b"just some text\n" * 40])
+@pytest.mark.parametrize("opener", [Database, Database.open_existing])
+def test_not_a_database_is_refused_and_untouched(tmp_path, content, opener):
     path = tmp_path / "x.db"
     path.write_bytes(content)
-    with pytest.raises(DatabaseError, match="not an SQLite"):
-        Database(path)
+    with pytest.raises(DatabaseError) as info:
+        opener(path)
+    assert str(info.value) == f"cannot open tuning database {path}: file is not a database"
     assert path.read_bytes() == content
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.db"]  # no -wal / -shm left behind
 
 
-def test_truncated_database_is_refused(tmp_path, db):
+def test_empty_file_becomes_a_database(tmp_path):
+    (tmp_path / "e.db").write_bytes(b"")
+    with Database(tmp_path / "e.db") as d:
+        assert d.workloads() == [] and d.journal_mode == "wal"
+
+
+def test_corrupt_database_is_refused_and_untouched(tmp_path, db):
     db.save("w1", H100, [ok(CFG, 0.5)])
     db.close()
     raw = (tmp_path / "t.db").read_bytes()
     broken = tmp_path / "broken.db"
-    broken.write_bytes(raw[:100] + b"\xff" * 4000)
-    with pytest.raises(DatabaseError):
-        Database(broken).trials("w1")
+    broken.write_bytes(raw[:100] + b"\xff" * 4000)  # a valid header over garbage pages
+    with pytest.raises(DatabaseError, match=f"cannot open tuning database {broken}: .*malformed"):
+        Database(broken)
+    assert broken.read_bytes() == raw[:100] + b"\xff" * 4000
 
 
-def test_newer_schema_and_foreign_sqlite_are_refused(tmp_path, db):
-    db.db["meta"].upsert({"key": "schema_version", "value": str(SCHEMA_VERSION + 1)}, pk="key")
+def write_sql(path, sql):
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute(sql)
+    conn.close()
+
+
+def test_newer_schema_is_refused_and_untouched(tmp_path, db):
     db.close()
-    with pytest.raises(DatabaseError, match="schema version"):
+    path = tmp_path / "t.db"
+    write_sql(path, f"UPDATE meta SET value = '{SCHEMA_VERSION + 1}' WHERE name = 'schema_version'")
+    before = path.read_bytes()
+    with pytest.raises(DatabaseError, match=f"schema version {SCHEMA_VERSION + 1} is newer"):
+        Database(path)
+    assert path.read_bytes() == before
+
+
+def test_missing_tables_and_foreign_sqlite_are_refused(tmp_path, db):
+    db.close()
+    write_sql(tmp_path / "t.db", "DROP TABLE trials")
+    with pytest.raises(DatabaseError, match="missing tables: trials"):
         Database(tmp_path / "t.db")
     other = tmp_path / "other.db"
-    with sqlite3.connect(other) as conn:
-        conn.execute("create table customers (id int)")
+    write_sql(other, "CREATE TABLE customers (id INT)")
     before = other.read_bytes()
-    with pytest.raises(DatabaseError, match="another program"):
+    with pytest.raises(DatabaseError, match="not a tritune database"):
         Database(other)
     assert other.read_bytes() == before
 
 
 def test_directory_and_missing_paths(tmp_path):
-    with pytest.raises(DatabaseError, match="directory"):
+    with pytest.raises(DatabaseError, match=f"cannot open tuning database {tmp_path}: it is a directory"):
         Database(tmp_path)
     with pytest.raises(DatabaseError, match="no tuning database"):
         Database.open_existing(tmp_path / "missing.db")
     assert not (tmp_path / "missing.db").exists()
 
 
-def test_wal_mode(db):
-    assert db.db.journal_mode == "wal"
+def test_wal_mode_and_parent_dirs(tmp_path):
+    with Database(tmp_path / "a" / "b" / "t.db") as d:
+        assert d.journal_mode == "wal"
+    conn = sqlite3.connect(tmp_path / "a" / "b" / "t.db")
+    assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)  # persisted in the file
+    conn.close()

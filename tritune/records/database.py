@@ -1,12 +1,12 @@
-"""The tuning database: SQLite through sqlite-utils, WAL mode, a schema version. No Triton here.
+"""The SQLite tuning database: workloads, devices and every measured trial; JSONL in and out.
 
-Tables: workloads (what is computed), devices (where and with which compiler and template),
-trials (one row per measured config, unique per workload, device and config).
+No torch or triton here: the database is read by commands that must work without a GPU.
 """
 from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence, TextIO
@@ -17,17 +17,57 @@ from tritune.records.result import DeviceKey, MeasureResult, Status
 from tritune.schedules.config import Config
 
 SCHEMA_VERSION = 1
-TIME_FIELDS = ("t_min", "t_p20", "t_median", "t_p80")
-SQLITE_MAGIC = b"SQLite format 3\x00"
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_TABLES = ("meta", "workloads", "devices", "trials")
+_TIMES = ("t_min", "t_p20", "t_median", "t_p80")
+_TRIAL_COLUMNS = ("workload", "device", "config_key", "config", "status", *_TIMES, "compile_s", "timestamp", "message")
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS workloads (
+    key TEXT PRIMARY KEY, op TEXT NOT NULL, dtype TEXT NOT NULL, spec TEXT NOT NULL, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS devices (key TEXT PRIMARY KEY, spec TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS trials (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    workload TEXT NOT NULL REFERENCES workloads(key),
+    device TEXT NOT NULL REFERENCES devices(key),
+    config_key TEXT NOT NULL, config TEXT NOT NULL, status TEXT NOT NULL,
+    t_min REAL, t_p20 REAL, t_median REAL, t_p80 REAL,
+    compile_s REAL NOT NULL DEFAULT 0, timestamp REAL NOT NULL, message TEXT NOT NULL DEFAULT '');
+CREATE UNIQUE INDEX IF NOT EXISTS trials_config ON trials (workload, device, config_key);
+CREATE INDEX IF NOT EXISTS trials_status ON trials (workload, device, status);
+INSERT OR IGNORE INTO meta (name, value) VALUES ('schema_version', '{SCHEMA_VERSION}');
+"""
+
+# The best OK trial of every (workload, device), with the count of all its trials.
+_BEST_ROWS_SQL = """
+WITH ranked AS (
+    SELECT t.*, ROW_NUMBER() OVER (PARTITION BY workload, device ORDER BY t_median, id) AS pos
+    FROM trials t WHERE status = 'OK' AND t_median IS NOT NULL),
+counts AS (SELECT workload, device, COUNT(*) AS n FROM trials GROUP BY workload, device)
+SELECT r.*, w.op, w.dtype, w.spec AS workload_spec, d.spec AS device_spec, c.n AS n_trials
+FROM ranked r
+JOIN workloads w ON w.key = r.workload
+JOIN devices d ON d.key = r.device
+JOIN counts c ON c.workload = r.workload AND c.device = r.device
+WHERE r.pos = 1 AND (:op IS NULL OR w.op = :op)
+ORDER BY w.op, w.dtype, w.created, w.key, r.device
+"""
+
+_EXPORT_SQL = """
+SELECT t.*, w.op, w.dtype, w.spec AS workload_spec, d.spec AS device_spec
+FROM trials t JOIN workloads w ON w.key = t.workload JOIN devices d ON d.key = t.device
+ORDER BY t.id
+"""
 
 
 class DatabaseError(Exception):
-    """A database that cannot be used; its message is one line for the user."""
+    """A tuning database that cannot be opened, read or written; its str is one human line."""
 
 
 @dataclass(frozen=True)
 class BestRow:
-    """The fastest correct trial of one workload on one device."""
+    """The best OK trial of one workload on one device, with how many trials were stored for it."""
 
     workload_key: str
     op: str
@@ -38,213 +78,221 @@ class BestRow:
     n_trials: int
 
 
-def _check_file(path: Path) -> None:
-    """Refuse, before SQLite touches it, a path that is a directory or not an SQLite file."""
-    if path.is_dir():
-        raise DatabaseError(f"cannot open tuning database {path}: it is a directory")
-    if path.exists():
-        try:
-            head = path.open("rb").read(len(SQLITE_MAGIC))
-        except OSError as exc:
-            raise DatabaseError(f"cannot read tuning database {path}: {exc.strerror}") from None
-        if head and head != SQLITE_MAGIC:
-            raise DatabaseError(f"cannot open tuning database {path}: file is not an SQLite database")
-
-
 class Database:
-    """A tuning database file; created with its schema on first use."""
+    """The tuning database at one path: created on first use, checked before anything is written."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path).expanduser()
+        self.path = Path(path)
         _check_file(self.path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.db = sqlite_utils.Database(sqlite3.connect(str(self.path)))
-            self._check_schema()
-            self.db.enable_wal()
-            self._create()
-        except (sqlite3.DatabaseError, OSError) as exc:
-            raise DatabaseError(f"cannot open tuning database {self.path}: {exc}") from None
+            self._db = sqlite_utils.Database(sqlite3.connect(str(self.path)))
+        except (OSError, sqlite3.Error) as exc:
+            raise self._error(getattr(exc, "strerror", None) or str(exc)) from None
+        try:
+            self._open()
+        except (sqlite3.Error, sqlite_utils.db.TransactionError) as exc:
+            self._db.close()
+            raise self._error(str(exc)) from None
+        except DatabaseError:
+            self._db.close()
+            raise
 
     @classmethod
     def open_existing(cls, path: str | Path) -> "Database":
         """Open a database that must already exist (for commands that only read)."""
-        if not Path(path).expanduser().exists():
-            raise DatabaseError(f"no tuning database at {path} (tune something first, or pass --db)")
+        if not Path(path).exists():
+            raise DatabaseError(f"no tuning database at {path} (run `tune-cli run` first, or pass --db)")
         return cls(path)
 
-    def _check_schema(self) -> None:
-        tables = set(self.db.table_names())
+    def _error(self, reason: str) -> DatabaseError:
+        return DatabaseError(f"cannot open tuning database {self.path}: {reason}")
+
+    def _open(self) -> None:
+        # Every check only reads; the first write (WAL, tables) comes once the file is known to be ours.
+        tables = set(self._db.table_names())
+        if tables:
+            self._check_schema(tables)
+        self._db.enable_wal()
+        self._db.execute("PRAGMA foreign_keys = ON")
+        if not tables:
+            with self._db.atomic():
+                self._db.executescript(_SCHEMA)
+
+    def _check_schema(self, tables: set[str]) -> None:
         if "meta" not in tables:
-            if tables - {"workloads", "devices", "trials"}:
-                raise DatabaseError(f"{self.path} is an SQLite file of another program, not a tuning database")
-            return
-        row = self.db.execute("select value from meta where key = 'schema_version'").fetchone()
-        version = int(row[0]) if row else 0
+            raise self._error("not a tritune database (it has no meta table)")
+        row = self._db.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
+        version = _as_int(row[0]) if row else None
+        if version is None:
+            raise self._error("its meta table has no valid schema_version")
         if version > SCHEMA_VERSION:
-            raise DatabaseError(f"tuning database {self.path} has schema version {version}; this tritune "
-                                f"reads up to {SCHEMA_VERSION} (upgrade tritune)")
-        if not {"workloads", "devices", "trials"} <= tables:
-            raise DatabaseError(f"tuning database {self.path} is missing tables")
-
-    def _create(self) -> None:
-        with self.db.conn:
-            self.db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
-            self.db["meta"].upsert({"key": "schema_version", "value": str(SCHEMA_VERSION)}, pk="key")
-            self.db["workloads"].create({"key": str, "op": str, "dtype": str, "spec": str, "created": float},
-                                        pk="key", if_not_exists=True)
-            self.db["devices"].create({"key": str, "spec": str}, pk="key", if_not_exists=True)
-            self.db["trials"].create(
-                {"id": int, "workload": str, "device": str, "config_key": str, "config": str, "status": str,
-                 **{f: float for f in TIME_FIELDS}, "compile_s": float, "timestamp": float, "message": str},
-                pk="id", foreign_keys=[("workload", "workloads", "key"), ("device", "devices", "key")],
-                if_not_exists=True)
-            self.db["trials"].create_index(["workload", "device", "config_key"], unique=True, if_not_exists=True)
-            self.db["trials"].create_index(["workload", "device", "status"], if_not_exists=True)
-
-    def add_workload(self, key: str, op: str, dtype: str, spec_json: str) -> None:
-        """Store a workload (idempotent)."""
-        import time
-
-        with self.db.conn:
-            self.db["workloads"].insert({"key": key, "op": op, "dtype": dtype, "spec": spec_json,
-                                         "created": time.time()}, pk="key", ignore=True)
-
-    def save(self, workload_key: str, device: DeviceKey, results: Sequence[MeasureResult]) -> int:
-        """Store results in one transaction; configs already stored are kept. Returns rows added."""
-        if not self.db["workloads"].count_where("key = ?", [workload_key]):
-            raise DatabaseError(f"unknown workload {workload_key}: add it before saving trials")
-        rows = [_trial_row(workload_key, device.key, r) for r in results]
-        return self._insert(rows, [(device.key, device.to_json())])
-
-    def _insert(self, rows: list[dict], devices: Iterable[tuple[str, str]]) -> int:
-        before = self.db["trials"].count
-        with self.db.conn:
-            for key, spec in devices:
-                self.db["devices"].insert({"key": key, "spec": spec}, pk="key", ignore=True)
-            self.db["trials"].insert_all(rows, ignore=True)
-        return self.db["trials"].count - before
-
-    def trials(self, workload_key: str, device: DeviceKey | None = None) -> list[MeasureResult]:
-        """Stored results of a workload (on one device, if given), in insertion order."""
-        where, args = "workload = ?", [workload_key]
-        if device is not None:
-            where, args = where + " and device = ?", args + [device.key]
-        return [_result(r) for r in self.db["trials"].rows_where(where, args, order_by="id")]
-
-    def measured_keys(self, workload_key: str, device: DeviceKey) -> set[str]:
-        """Config keys already stored for a workload on a device."""
-        rows = self.db.execute("select config_key from trials where workload = ? and device = ?",
-                               [workload_key, device.key])
-        return {r[0] for r in rows}
-
-    def best(self, workload_key: str, device: DeviceKey) -> MeasureResult | None:
-        """The correct result with the lowest median time, or None."""
-        rows = list(self.db["trials"].rows_where("workload = ? and device = ? and status = 'OK'",
-                                                 [workload_key, device.key], order_by="t_median, id", limit=1))
-        return _result(rows[0]) if rows else None
-
-    def best_rows(self, op: str | None = None) -> list[BestRow]:
-        """The best trial of every (workload, device) that has a correct one."""
-        sql = """select t.*, w.op, w.dtype, w.spec as wspec, d.spec as dspec,
-                   (select count(*) from trials c where c.workload = t.workload and c.device = t.device) as n
-                 from trials t join workloads w on w.key = t.workload join devices d on d.key = t.device
-                 where t.status = 'OK' and t.id = (select b.id from trials b where b.workload = t.workload
-                   and b.device = t.device and b.status = 'OK' order by b.t_median, b.id limit 1)
-                   and (? is null or w.op = ?)
-                 order by w.op, w.key, d.key"""
-        cursor = self.db.execute(sql, [op, op])
-        names = [c[0] for c in cursor.description]
-        return [_best_row(dict(zip(names, row))) for row in cursor.fetchall()]
-
-    def workloads(self, op: str | None = None) -> list[tuple[str, str, str, str]]:
-        """(key, op, dtype, spec JSON) of the stored workloads."""
-        where = "op = ?" if op else None
-        return [(r["key"], r["op"], r["dtype"], r["spec"])
-                for r in self.db["workloads"].rows_where(where, [op] if op else [], order_by="key")]
-
-    def export_jsonl(self, fp: TextIO) -> int:
-        """Write every trial as one JSON line with its workload and device; returns lines written."""
-        sql = """select t.*, w.op, w.dtype, w.spec as wspec, d.spec as dspec from trials t
-                 join workloads w on w.key = t.workload join devices d on d.key = t.device order by t.id"""
-        cursor = self.db.execute(sql)
-        names = [c[0] for c in cursor.description]
-        n = 0
-        for row in cursor:
-            fp.write(json.dumps(_export_line(dict(zip(names, row))), sort_keys=True) + "\n")
-            n += 1
-        return n
-
-    def import_jsonl(self, fp: TextIO) -> int:
-        """Add trials from JSON lines: every line is validated first, then all are written at once."""
-        workloads, devices, rows = {}, {}, []
-        for number, line in enumerate(fp, start=1):
-            if not line.strip():
-                continue
-            try:
-                w, device, row = _parse_line(line)
-            except (ValueError, KeyError, TypeError) as exc:
-                raise DatabaseError(f"cannot import line {number}: {exc!s:.200}") from None
-            workloads[w["key"]] = w
-            devices[device.key] = device.to_json()
-            rows.append(row)
-        import time
-
-        with self.db.conn:
-            for w in workloads.values():
-                self.db["workloads"].insert(dict(w, created=time.time()), pk="key", ignore=True)
-        return self._insert(rows, devices.items())
+            raise self._error(f"schema version {version} is newer than this tritune supports "
+                              f"({SCHEMA_VERSION}); upgrade tritune")
+        if version < SCHEMA_VERSION:
+            raise self._error(f"schema version {version} is older than {SCHEMA_VERSION} and has no migration")
+        missing = [t for t in _TABLES if t not in tables]
+        if missing:
+            raise self._error(f"missing tables: {', '.join(missing)}")
 
     def close(self) -> None:
         """Close the connection."""
-        self.db.close()
+        self._db.close()
 
     def __enter__(self) -> "Database":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    @property
+    def journal_mode(self) -> str:
+        """SQLite's journal mode for this file ('wal' once opened)."""
+        return self._db.journal_mode
 
-def _trial_row(workload_key: str, device_key: str, r: MeasureResult) -> dict:
-    return {"workload": workload_key, "device": device_key, "config_key": r.config.key,
-            "config": r.config.to_json(), "status": r.status.value,
-            **{f: getattr(r, f) for f in TIME_FIELDS}, "compile_s": r.compile_s,
-            "timestamp": r.timestamp, "message": r.message}
+    def add_workload(self, key: str, op: str, dtype: str, spec_json: str) -> None:
+        """Store a workload once; later calls with the same key change nothing."""
+        with self._db.atomic():
+            self._add_workload(key, op, dtype, spec_json)
+
+    def save(self, workload_key: str, device: DeviceKey, results: Sequence[MeasureResult]) -> int:
+        """Store new trials of a workload on a device in one transaction; returns how many were new."""
+        with self._db.atomic():
+            if not self._db.execute("SELECT 1 FROM workloads WHERE key = ?", [workload_key]).fetchone():
+                raise DatabaseError(f"unknown workload {workload_key!r} in {self.path}; add_workload() it first")
+            return self._insert(workload_key, device, results)
+
+    def _add_workload(self, key: str, op: str, dtype: str, spec_json: str) -> None:
+        self._db.execute("INSERT OR IGNORE INTO workloads (key, op, dtype, spec, created) VALUES (?, ?, ?, ?, ?)",
+                         [key, op, dtype, spec_json, time.time()])
+
+    def _insert(self, workload_key: str, device: DeviceKey, results: Iterable[MeasureResult]) -> int:
+        # Callers hold the transaction. The device row is a pure function of its key, so insert-or-ignore
+        # is an upsert; a config already stored keeps its first measurement (resume, re-import).
+        self._db.execute("INSERT OR IGNORE INTO devices (key, spec) VALUES (?, ?)", [device.key, device.to_json()])
+        rows = [_trial_row(workload_key, device.key, r) for r in results]
+        before = self._db.conn.total_changes
+        self._db.conn.executemany(
+            f"INSERT OR IGNORE INTO trials ({', '.join(_TRIAL_COLUMNS)}) "
+            f"VALUES ({', '.join('?' * len(_TRIAL_COLUMNS))})", rows)
+        return self._db.conn.total_changes - before
+
+    def trials(self, workload_key: str, device: DeviceKey | None = None) -> list[MeasureResult]:
+        """Every stored trial of a workload (on one device, or all), in insertion order."""
+        sql, params = "SELECT * FROM trials WHERE workload = ?", [workload_key]
+        if device is not None:
+            sql, params = sql + " AND device = ?", params + [device.key]
+        return [_result(row) for row in self._db.query(sql + " ORDER BY id", params)]
+
+    def measured_keys(self, workload_key: str, device: DeviceKey) -> set[str]:
+        """Config keys already stored for a workload on a device (any status)."""
+        rows = self._db.execute("SELECT config_key FROM trials WHERE workload = ? AND device = ?",
+                                [workload_key, device.key])
+        return {key for (key,) in rows}
+
+    def best(self, workload_key: str, device: DeviceKey) -> MeasureResult | None:
+        """The OK trial with the lowest median time for a workload on a device, or None."""
+        rows = self._db.query(
+            "SELECT * FROM trials WHERE workload = ? AND device = ? AND status = 'OK' AND t_median IS NOT NULL "
+            "ORDER BY t_median, id LIMIT 1", [workload_key, device.key])
+        return next((_result(row) for row in rows), None)
+
+    def best_rows(self, op: str | None = None) -> list[BestRow]:
+        """The best OK trial of every (workload, device) pair, optionally of one op."""
+        return [BestRow(row["workload"], row["op"], row["dtype"], row["workload_spec"],
+                        DeviceKey.from_json(row["device_spec"]), _result(row), row["n_trials"])
+                for row in self._db.query(_BEST_ROWS_SQL, {"op": op})]
+
+    def workloads(self, op: str | None = None) -> list[tuple[str, str, str, str]]:
+        """(key, op, dtype, spec JSON) of every stored workload, optionally of one op."""
+        rows = self._db.execute("SELECT key, op, dtype, spec FROM workloads WHERE (:op IS NULL OR op = :op) "
+                                "ORDER BY created, key", {"op": op})
+        return [tuple(row) for row in rows]
+
+    def export_jsonl(self, fp: TextIO) -> int:
+        """Write every trial as one self-contained JSON line; returns lines written."""
+        n = 0
+        for row in self._db.query(_EXPORT_SQL):
+            line = {"workload": {"key": row["workload"], "op": row["op"], "dtype": row["dtype"],
+                                 "spec": json.loads(row["workload_spec"])},
+                    "device": json.loads(row["device_spec"]), "config": json.loads(row["config"]),
+                    "status": row["status"], **{t: row[t] for t in _TIMES},
+                    "compile_s": row["compile_s"], "timestamp": row["timestamp"], "message": row["message"]}
+            fp.write(json.dumps(line) + "\n")
+            n += 1
+        return n
+
+    def import_jsonl(self, fp: TextIO) -> int:
+        """Add the trials of a JSONL export, all or nothing; returns how many were new."""
+        parsed = [_parse_line(text, number) for number, text in enumerate(fp, 1) if text.strip()]
+        n = 0
+        with self._db.atomic():
+            for workload, device, result in parsed:
+                self._add_workload(*workload)
+                n += self._insert(workload[0], device, [result])
+        return n
+
+
+def _check_file(path: Path) -> None:
+    """Refuse, without touching it, a path that is a directory, unreadable or not SQLite."""
+    prefix = f"cannot open tuning database {path}"
+    if path.is_dir():
+        raise DatabaseError(f"{prefix}: it is a directory")
+    if not path.exists():
+        return
+    try:
+        with path.open("rb") as f:
+            header = f.read(len(_SQLITE_MAGIC))
+    except OSError as exc:
+        raise DatabaseError(f"{prefix}: {exc.strerror}") from None
+    if header and header != _SQLITE_MAGIC:  # an empty file is a valid, empty SQLite database
+        raise DatabaseError(f"{prefix}: file is not a database")
+
+
+def _as_int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _trial_row(workload_key: str, device_key: str, r: MeasureResult) -> tuple:
+    return (workload_key, device_key, r.config.key, r.config.to_json(), r.status.value,
+            r.t_min, r.t_p20, r.t_median, r.t_p80, r.compile_s, r.timestamp, r.message)
 
 
 def _result(row: dict) -> MeasureResult:
-    return MeasureResult(Config.from_json(row["config"]), Status(row["status"]),
-                         *(row[f] for f in TIME_FIELDS), row["compile_s"], row["timestamp"], row["message"])
+    return MeasureResult(Config.from_json(row["config"]), Status(row["status"]), row["t_min"], row["t_p20"],
+                         row["t_median"], row["t_p80"], row["compile_s"], row["timestamp"], row["message"])
 
 
-def _best_row(row: dict) -> BestRow:
-    return BestRow(row["workload"], row["op"], row["dtype"], row["wspec"], DeviceKey.from_json(row["dspec"]),
-                   _result(row), row["n"])
+def _parse_line(text: str, number: int) -> tuple[tuple[str, str, str, str], DeviceKey, MeasureResult]:
+    """One JSONL line as (workload row, device, result); any flaw names the line."""
+    try:
+        data = json.loads(text)
+        _require(isinstance(data, dict), "not a JSON object")
+        workload, device, config = (_field(data, name, dict) for name in ("workload", "device", "config"))
+        spec = json.dumps(_field(workload, "spec", dict), separators=(",", ":"))  # key order kept as exported
+        row = (*(_field(workload, name, str) for name in ("key", "op", "dtype")), spec)
+        _require(all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in config.values()),
+                 "config values must be integers or strings")
+        status = _field(data, "status", str)
+        _require(status in Status._value2member_map_, f"unknown status {status!r}")
+        times = [_field(data, t, (int, float, type(None))) for t in _TIMES]
+        result = MeasureResult(Config.of(config), Status(status), *times, _field(data, "compile_s", (int, float)),
+                               _field(data, "timestamp", (int, float)), _field(data, "message", str))
+        return row, DeviceKey(**{k: _field(device, k, str) for k in DeviceKey.__dataclass_fields__}), result
+    except ValueError as exc:  # json.JSONDecodeError is a ValueError too
+        raise DatabaseError(f"bad trial on line {number}: {exc}") from None
 
 
-def _export_line(row: dict) -> dict:
-    result = _result(row)
-    return {"workload": {"key": row["workload"], "op": row["op"], "dtype": row["dtype"],
-                         "spec": json.loads(row["wspec"])},
-            "device": json.loads(row["dspec"]), "config": dict(result.config), "status": result.status.value,
-            **{f: row[f] for f in TIME_FIELDS}, "compile_s": row["compile_s"], "timestamp": row["timestamp"],
-            "message": row["message"]}
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
 
 
-def _parse_line(line: str) -> tuple[dict, DeviceKey, dict]:
-    data = json.loads(line)
-    if not isinstance(data, dict):
-        raise ValueError("not a JSON object")
-    w = data["workload"]
-    workload = {"key": str(w["key"]), "op": str(w["op"]), "dtype": str(w["dtype"]),
-                "spec": json.dumps(w["spec"], sort_keys=True, separators=(",", ":"))}
-    device = DeviceKey(**data["device"])
-    result = MeasureResult(Config.of(data["config"]), Status(data["status"]),
-                           *(_opt_float(data.get(f)) for f in TIME_FIELDS), float(data.get("compile_s") or 0.0),
-                           float(data["timestamp"]), str(data.get("message", "")))
-    return workload, device, _trial_row(workload["key"], device.key, result)
-
-
-def _opt_float(value: Any) -> float | None:
-    return None if value is None else float(value)
+def _field(data: dict, name: str, kind: type | tuple[type, ...]) -> Any:
+    _require(name in data, f"missing field {name!r}")
+    value = data[name]
+    _require(isinstance(value, kind) and not isinstance(value, bool), f"field {name!r} has the wrong type")
+    return value
