@@ -2,11 +2,22 @@
 import numpy as np
 import pytest
 
+from functools import partial
+
+from tritune.cost_model.features import features
+from tritune.kernels.expr import Matmul
 from tritune.records.result import MeasureResult, Status
 from tritune.schedules.matmul import Limits, matmul_space
-from tritune.search import REGISTRY, make_strategy
+from tritune.search import REGISTRY
+from tritune.search import make_strategy as _make
 
-SPACE = matmul_space(512, 384, 256, 2, Limits.for_capability(9, 0))
+H100 = Limits.for_capability(9, 0)
+SPACE = matmul_space(512, 384, 256, 2, H100)
+
+
+def make_strategy(name, space, seed=0):
+    """Every strategy gets what the tuner gives it: the task's feature function."""
+    return _make(name, space, seed=seed, features=partial(features, Matmul(512, 384, 256), H100))
 
 
 def fake_results(configs):
@@ -41,7 +52,7 @@ def test_same_seed_same_proposals(name):
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_exhausting_the_space_returns_fewer_then_none(name):
-    tiny = matmul_space(1, 1, 1, 2, Limits.for_capability(9, 0))
+    tiny = matmul_space(1, 1, 1, 2, H100)
     s = make_strategy(name, tiny, seed=0)
     got = s.propose(1000)
     assert len(got) == len(tiny.valid_indices)
@@ -56,4 +67,6 @@ def test_random_differs_by_seed_and_grid_is_in_index_order():
 
 def test_unknown_strategy_names_the_known_ones():
     with pytest.raises(ValueError, match="random"):
-        make_strategy("annealing-by-hand", SPACE)
+        _make("annealing-by-hand", SPACE)
+    with pytest.raises(ValueError, match="features"):
+        _make("sa", SPACE)

@@ -8,7 +8,8 @@ from tritune.records.database import Database
 from tritune.records.result import DeviceKey, Status
 from tritune.schedules.matmul import Limits
 from tritune.search import make_strategy
-from tritune.tuner.tuner import Task, Tuner, best_of
+from tritune.cost_model.features import FEATURE_NAMES
+from tritune.tuner.tuner import Task, Tuner, best_of, warm_start
 
 EXPR = Matmul(1024, 1024, 1024)
 DEVICE = DeviceKey("Fake GPU", "9.0", "3.x", "2.x", "t1")
@@ -75,3 +76,18 @@ def test_device_key_changes_with_the_template():
     info = {"gpu": "G", "capability": "9.0", "triton": "3.6.0", "torch": "2.11.0"}
     assert device_key(info).template and device_key(info) == device_key(dict(info))
     assert device_key(info) != device_key(dict(info, triton="3.9.0"))
+
+
+def test_warm_start_collects_other_shapes_of_the_op_on_this_device(tmp_path):
+    db = Database(tmp_path / "t.db")
+    tune(db, 24)  # EXPR on DEVICE
+    other = Matmul(512, 2048, 1024)
+    tuner = Tuner(Task(other, DEVICE, TASK.limits), make_strategy("random", TASK.space), FakeBuilder(),
+                  FakeRunner(), db, batch_size=8)
+    tuner.run(16)
+    prior = warm_start(db, Task(Matmul(2048, 2048, 2048), DEVICE, TASK.limits))
+    assert prior.X.shape == (40, len(FEATURE_NAMES)) and sorted(set(prior.groups.tolist())) == [0, 1]
+    assert prior.y.max() == 1.0 and prior.y.min() == 0.0  # failures labelled worst
+    assert warm_start(db, Task(EXPR, DEVICE, TASK.limits)).X.shape[0] == 16  # its own trials excluded
+    elsewhere = DeviceKey("Other GPU", "8.0", "3.x", "2.x", "t1")
+    assert warm_start(db, Task(EXPR, elsewhere, TASK.limits)) is None

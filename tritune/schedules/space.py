@@ -43,6 +43,24 @@ class Space:
         """Sorted indices of every config that passes all constraints."""
         return np.array([i for i in range(self.size) if self.valid(self.config(i))], dtype=np.int64)
 
+    @cached_property
+    def _valid_set(self) -> frozenset[int]:
+        return frozenset(int(i) for i in self.valid_indices)
+
+    def random_neighbour(self, config: Config, rng: np.random.Generator, tries: int = 8) -> Config | None:
+        """A random valid config one step of one knob away, or None if `tries` moves all fail."""
+        index = self.index(config)
+        strides = np.cumprod([1] + self._radix[:0:-1])[::-1]  # index step of each knob
+        for _ in range(tries):
+            knob = int(rng.integers(len(self.knobs)))
+            pos = self.knobs[knob].values.index(config[self.knobs[knob].name])
+            step = 1 if rng.random() < 0.5 else -1
+            if 0 <= pos + step < self._radix[knob]:
+                candidate = index + step * int(strides[knob])
+                if candidate in self._valid_set:
+                    return self.config(candidate)
+        return None
+
     def config(self, index: int) -> Config:
         """The config at an index of the full product."""
         if not 0 <= index < self.size:

@@ -1,13 +1,27 @@
 """Strategy: the propose/update interface every search strategy implements."""
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import numpy as np
 
 from tritune.records.result import MeasureResult
 from tritune.schedules.config import Config
 from tritune.schedules.space import Space
+
+
+# Feature rows of configs of the task being tuned (see tritune.cost_model.features).
+Featurize = Callable[[Sequence[Config]], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Prior:
+    """Measurements of other workloads of the same op on the same device, for a warm start."""
+
+    X: np.ndarray
+    y: np.ndarray
+    groups: np.ndarray
 
 
 class Strategy:
@@ -17,12 +31,19 @@ class Strategy:
     measured, so no strategy proposes a config twice (resumed runs pass stored results to update).
     """
 
-    def __init__(self, space: Space, seed: int = 0) -> None:
-        self.space = space
+    def __init__(self, space: Space, seed: int = 0, features: Featurize | None = None,
+                 prior: Prior | None = None) -> None:
+        # features and prior serve model-based strategies; the others ignore them
+        self.space, self.features, self.prior = space, features, prior
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.seen: set[Config] = set()
         self.results: list[MeasureResult] = []
+
+    @property
+    def round_size(self) -> int | None:
+        """How many configs this strategy wants measured between updates (None: no preference)."""
+        return None
 
     def propose(self, n: int) -> list[Config]:
         """Up to n new valid configs; fewer (or none) only when the space is exhausted."""

@@ -99,7 +99,7 @@ db_option = click.option("--db", "db_path", default=None, help=f"tuning database
 @click.option("--layout", default="nn", show_default=True, help="operand layouts: nn, nt, tn, tt")
 @click.option("--epilogue", default="", help="fused steps, e.g. 'scale=0.5,bias,relu' (bias, relu, gelu, gelu_tanh)")
 @click.option("--trials", default=128, show_default=True, type=click.IntRange(1), help="measurements in total for this workload")
-@click.option("--strategy", default="random", show_default=True, help=f"one of {', '.join(sorted(REGISTRY))}")
+@click.option("--strategy", default="sa", show_default=True, help=f"one of {', '.join(sorted(REGISTRY))}")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--batch-size", default=32, show_default=True, type=click.IntRange(1), help="candidates per round")
 @click.option("--early-stop", default=None, type=click.IntRange(1), help="stop after this many trials without a new best")

@@ -12,7 +12,7 @@ from tritune.search import make_strategy
 from tritune.tuner import display
 from tritune.tuner.builder import Builder
 from tritune.tuner.runner import Runner
-from tritune.tuner.tuner import Task, Tuner, best_of
+from tritune.tuner.tuner import Task, Tuner, best_of, warm_start
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class TuneOptions:
     """The knobs of a tuning run, as given on the command line."""
 
     trials: int = 128
-    strategy: str = "random"
+    strategy: str = "sa"
     seed: int = 0
     batch_size: int = 32
     early_stop: int | None = None
@@ -47,7 +47,8 @@ def tune(expr: Matmul, db: Database, options: TuneOptions) -> dict:
         task = device_task(expr, info)
         major, minor = (int(x) for x in info["capability"].split("."))
         builder = Builder(GPUTarget("cuda", major * 10 + minor, 32), task.limits.shared_bytes, options.workers)
-        strategy = make_strategy(options.strategy, task.space, seed=options.seed)
+        strategy = make_strategy(options.strategy, task.space, seed=options.seed, features=task.featurize,
+                                 prior=warm_start(db, task))
         try:
             history = _tune_loop(task, strategy, builder, runner, db, options)
         finally:

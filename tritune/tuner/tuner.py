@@ -5,6 +5,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable, Sequence
 
+import json
+
+import numpy as np
+
+from tritune.cost_model.features import features, labels
 from tritune.kernels.build import canonical_problem
 from tritune.kernels.expr import DTYPE_BYTES, Matmul
 from tritune.records.database import Database
@@ -12,7 +17,7 @@ from tritune.records.result import DeviceKey, MeasureResult
 from tritune.schedules.config import Config
 from tritune.schedules.matmul import Limits, matmul_space
 from tritune.schedules.space import Space
-from tritune.search.base import Strategy
+from tritune.search.base import Prior, Strategy
 from tritune.tuner.builder import Builder
 from tritune.tuner.runner import Runner
 
@@ -25,11 +30,29 @@ class Task:
     device: DeviceKey
     limits: Limits
 
+    def featurize(self, configs: Sequence[Config]) -> np.ndarray:
+        """Cost-model features of configs of this task."""
+        return features(self.expr, self.limits, configs)
+
     @cached_property
     def space(self) -> Space:
         """The schedule space of this task."""
         e = self.expr
         return matmul_space(e.m, e.n, e.k, DTYPE_BYTES[e.dtype], self.limits)
+
+
+def warm_start(db: Database, task: Task, min_trials: int = 8) -> Prior | None:
+    """Trials of the op's other workloads on this device, as a cost-model prior (None if none)."""
+    parts = []
+    for group, (key, _, _, spec) in enumerate(db.workloads(task.expr.op)):
+        results = db.trials(key, task.device) if key != task.expr.key else []
+        if len(results) >= min_trials:
+            other = Matmul.from_dict(json.loads(spec))
+            parts.append((features(other, task.limits, [r.config for r in results]), labels(results),
+                          np.full(len(results), group)))
+    if not parts:
+        return None
+    return Prior(*(np.concatenate(p) for p in zip(*parts)))
 
 
 def best_of(results: Sequence[MeasureResult]) -> MeasureResult | None:
@@ -58,7 +81,8 @@ class Tuner:
         self.strategy.update(self.stored)
         history = list(self.stored)
         while len(history) < trials and not self._stalled(history):
-            configs = self.strategy.propose(min(self.batch_size, trials - len(history)))
+            batch = min(self.batch_size, self.strategy.round_size or self.batch_size)
+            configs = self.strategy.propose(min(batch, trials - len(history)))
             if not configs:
                 break  # the space is exhausted
             results = self._measure(self._inject(configs))

@@ -1,0 +1,63 @@
+"""Features of (workload, config) pairs that let trees generalise within and across shapes."""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from tritune.kernels.expr import DTYPE_BYTES, Matmul
+from tritune.records.result import MeasureResult
+from tritune.schedules.config import Config
+from tritune.schedules.matmul import REGS_PER_SM, RESERVED_REGS, Limits, shared_estimate
+
+KNOB_NAMES = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "UNROLL")
+DERIVED = (
+    "tiles_m", "tiles_n", "programs", "waves", "last_wave_util", "waste_m", "waste_n", "waste_k",
+    "k_trips", "trips_per_stage", "shared_bytes", "shared_frac", "acc_regs", "programs_per_sm",
+    "occupancy_warps", "tile_intensity", "bytes_per_flop_tile", "dtype_bytes",
+    "log_m", "log_n", "log_k", "log_batch", "m_div16", "n_div16", "k_div16", "trans_a", "trans_b",
+)
+FEATURE_NAMES = tuple(f"log2_{k}" for k in KNOB_NAMES) + DERIVED
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def config_features(expr: Matmul, limits: Limits, c: Config) -> list[float]:
+    """One feature row (see FEATURE_NAMES)."""
+    bm, bn, bk, warps = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c["num_warps"]
+    eb = DTYPE_BYTES[expr.dtype]
+    tm, tn, trips = _cdiv(expr.m, bm), _cdiv(expr.n, bn), _cdiv(expr.k, bk)
+    programs = tm * tn * expr.batch
+    waves = programs / limits.sms
+    shared = shared_estimate(c, eb)
+    acc = bm * bn / (32 * warps)
+    by_regs = REGS_PER_SM // (32 * warps * (acc + RESERVED_REGS))
+    per_sm = max(0, min(limits.shared_bytes // max(shared, 1), by_regs, 64 // warps))
+    return [
+        *(math.log2(c[k]) for k in KNOB_NAMES),
+        math.log2(tm), math.log2(tn), math.log2(programs), waves,
+        waves / math.ceil(waves),  # how full the waves are on average (1 = no idle SMs in the tail)
+        1 - expr.m / (tm * bm), 1 - expr.n / (tn * bn), 1 - expr.k / (trips * bk),
+        math.log2(trips), trips / c["num_stages"], math.log2(shared), shared / limits.shared_bytes,
+        acc, per_sm, per_sm * warps,
+        bm * bn / (bm + bn),  # multiply-adds per loaded element of a tile
+        (bm + bn) * bk * eb / (2 * bm * bn * bk),
+        eb, math.log2(expr.m), math.log2(expr.n), math.log2(expr.k), math.log2(expr.batch),
+        expr.m % 16 == 0, expr.n % 16 == 0, expr.k % 16 == 0, expr.trans_a, expr.trans_b,
+    ]
+
+
+def features(expr: Matmul, limits: Limits, configs: Sequence[Config]) -> np.ndarray:
+    """Feature matrix, one row per config."""
+    return np.array([config_features(expr, limits, c) for c in configs], dtype=np.float32).reshape(
+        len(configs), len(FEATURE_NAMES))
+
+
+def labels(results: Sequence[MeasureResult]) -> np.ndarray:
+    """Relative throughput in [0, 1]: best median / median; failed configs are 0, the worst."""
+    times = [r.t_median for r in results if r.ok]
+    best = min(times) if times else 1.0
+    return np.array([best / r.t_median if r.ok else 0.0 for r in results], dtype=np.float32)
