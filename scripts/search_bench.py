@@ -1,0 +1,122 @@
+"""Compare search strategies: best-at-budget (16/32/64/128 trials) over several seeds, as a fraction
+of the best config seen in the whole run and against torch.matmul; saves a convergence plot (PNG).
+
+Live on a GPU (every trial really measured):
+    python scripts/search_bench.py --shape 4096 --dtype fp16 --seeds 3 --out DIR
+Replaying a recorded space on any machine (times come from the recording):
+    python scripts/search_bench.py --recorded tests/fixtures/spaces/space_4096_fp16.jsonl.gz --seeds 5 --out DIR
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from tritune.records.database import Database
+from tritune.records.result import DeviceKey
+from tritune.search import make_strategy
+from tritune.tuner.tuner import Task, Tuner
+
+
+def environment(args):
+    """(task, builder, runner, torch_ms, close) for a live GPU or a recording."""
+    if args.recorded:
+        from tritune.tuner.recorded import Recording, RecordedBuilder, RecordedRunner
+
+        rec = Recording.load(args.recorded)
+        task = Task(rec.expr, DeviceKey(rec.device["gpu"], rec.device["capability"], rec.device["triton"],
+                                        rec.device["torch"], "recorded"), rec.limits)
+        return task, RecordedBuilder(), RecordedRunner(rec), rec.torch_ms, lambda: None
+    from triton.backends.compiler import GPUTarget
+
+    from tritune.tuner.builder import Builder
+    from tritune.tuner.cli import make_expr
+    from tritune.tuner.runner import Runner
+    from tritune.tuner.session import device_task
+
+    runner = Runner(seed=0)
+    task = device_task(make_expr("matmul", args.shape, args.dtype, "nn", ""), runner.device_info())
+    major, minor = task.device.capability.split(".")
+    builder = Builder(GPUTarget("cuda", int(major) * 10 + int(minor), 32), task.limits.shared_bytes)
+    torch_ms = runner.torch_time(task.expr)[2]
+    return task, builder, runner, torch_ms, lambda: (builder.close(), runner.close())
+
+
+def trajectory(task, builder, runner, name: str, seed: int, budget: int) -> list[float]:
+    """Best median time so far after each trial, for one strategy and seed (fresh database)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        strategy = make_strategy(name, task.space, seed=seed, features=task.featurize)
+        history = Tuner(task, strategy, builder, runner, Database(Path(tmp) / "b.db"), batch_size=8).run(budget)
+    times = [r.t_median if r.ok else np.inf for r in history]
+    return np.minimum.accumulate(times).tolist()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", default="4096")
+    p.add_argument("--dtype", default="fp16")
+    p.add_argument("--recorded", default=None)
+    p.add_argument("--strategies", default="sa,random,grid")
+    p.add_argument("--budgets", default="16,32,64,128")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--out", default=".")
+    args = p.parse_args()
+    budgets = [int(b) for b in args.budgets.split(",")]
+    task, builder, runner, torch_ms, close = environment(args)
+    runs = {name: [trajectory(task, builder, runner, name, seed, max(budgets)) for seed in range(args.seeds)]
+            for name in args.strategies.split(",")}
+    close()
+    best = min(min(t) for trajs in runs.values() for t in trajs)
+    if args.recorded:
+        best = runner.recording.best_ms  # the best of the whole recorded space
+    report(task, runs, budgets, best, torch_ms, Path(args.out), bool(args.recorded))
+
+
+def report(task, runs, budgets, best, torch_ms, out: Path, recorded: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    what = "recorded space's best" if recorded else "best seen in this run"
+    print(f"{task.expr.describe()} on {task.device.gpu}: best-at-budget / {what} "
+          f"(mean, min over seeds) | vs torch.matmul (mean)")
+    rows = {}
+    for name, trajs in runs.items():
+        cells = []
+        for b in budgets:
+            at = np.array([t[min(b, len(t)) - 1] for t in trajs])
+            rows.setdefault(name, {})[b] = {"frac_mean": float(np.mean(best / at)), "frac_min": float(np.min(best / at)),
+                                           "vs_torch_mean": float(np.mean(torch_ms / at))}
+            r = rows[name][b]
+            cells.append(f"@{b}: {r['frac_mean']:.3f} ({r['frac_min']:.3f}) | {r['vs_torch_mean']:.3f}x")
+        print(f"  {name:7s} " + "   ".join(cells))
+    (out / "search_bench.json").write_text(json.dumps({"workload": task.expr.to_dict(), "best_ms": best,
+                                                       "torch_ms": torch_ms, "recorded": recorded, "rows": rows}, indent=1))
+    plot(runs, best, task, out / "search_convergence.png", what)
+
+
+def plot(runs, best, task, path: Path, what: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, trajs in runs.items():
+        frac = best / np.array(trajs)
+        x = np.arange(1, frac.shape[1] + 1)
+        ax.plot(x, frac.mean(axis=0), label=f"{name} (mean of {len(trajs)})")
+        ax.fill_between(x, frac.min(axis=0), frac.max(axis=0), alpha=0.15)
+    ax.set(xlabel="trials", ylabel=f"best so far / {what}", title=task.expr.describe(), ylim=(0.5, 1.01))
+    ax.axhline(0.98, color="grey", lw=0.8, ls="--")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
+if __name__ == "__main__":
+    main()
