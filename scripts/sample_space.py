@@ -11,14 +11,11 @@ import json
 import time
 
 import numpy as np
-from triton.backends.compiler import GPUTarget
 
 from tritune.kernels.build import canonical_problem
-from tritune.tuner.builder import Builder
 from tritune.tuner.cli import make_expr
 from tritune.tuner.measure import Timing
-from tritune.tuner.runner import Runner
-from tritune.tuner.session import device_task
+from tritune.tuner.session import start_gpu
 
 
 def main() -> None:
@@ -37,11 +34,9 @@ def main() -> None:
     args = p.parse_args()
     expr = make_expr("matmul", args.shape, args.dtype, "nn", "")
     t0 = time.time()
-    with Runner(Timing(args.warmup_ms, args.rep_ms), timeout_s=args.timeout, seed=args.seed) as runner:
+    runner, task, builder = start_gpu(expr, Timing(args.warmup_ms, args.rep_ms), args.timeout, args.seed)
+    with runner:
         info = runner.device_info()
-        task = device_task(expr, info)
-        major, minor = (int(x) for x in info["capability"].split("."))
-        builder = Builder(GPUTarget("cuda", major * 10 + minor, 32), task.limits.shared_bytes)
         configs = task.space.sample(np.random.default_rng(args.seed), args.n)
         faults = [f for f in args.faults.split(",") if f]
         configs = [c.replace(fault=f) for c, f in zip(configs, faults)] + configs[len(faults):]

@@ -30,17 +30,10 @@ def environment(args):
         task = Task(rec.expr, DeviceKey(rec.device["gpu"], rec.device["capability"], rec.device["triton"],
                                         rec.device["torch"], "recorded"), rec.limits)
         return task, RecordedBuilder(), RecordedRunner(rec), rec.torch_ms, lambda: None
-    from triton.backends.compiler import GPUTarget
-
-    from tritune.tuner.builder import Builder
     from tritune.tuner.cli import make_expr
-    from tritune.tuner.runner import Runner
-    from tritune.tuner.session import device_task
+    from tritune.tuner.session import start_gpu
 
-    runner = Runner(seed=0)
-    task = device_task(make_expr("matmul", args.shape, args.dtype, "nn", ""), runner.device_info())
-    major, minor = task.device.capability.split(".")
-    builder = Builder(GPUTarget("cuda", int(major) * 10 + int(minor), 32), task.limits.shared_bytes)
+    runner, task, builder = start_gpu(make_expr("matmul", args.shape, args.dtype, "nn", ""))
     torch_ms = runner.torch_time(task.expr)[2]
     return task, builder, runner, torch_ms, lambda: (builder.close(), runner.close())
 

@@ -22,3 +22,11 @@ def measure(payload):
 
 def handlers(timing):
     return {"info": lambda p: {"pid": os.getpid()}, "measure": measure}
+
+
+def session_handlers(timing):
+    """A worker that looks like an H100 to the session: device facts, measurements, head-to-head."""
+    info = {"gpu": "Fake H100", "capability": "9.0", "sms": 132, "shared_bytes": 232448,
+            "triton": "3.x", "torch": "2.x"}
+    return {"info": lambda p: info, "measure": measure,
+            "head_to_head": lambda p: {"ours_ms": 1.0, "torch_ms": 1.1}}

@@ -29,6 +29,9 @@ class FakeBuilder:
     def result(self, future, config):
         return future.result()
 
+    def close(self):
+        pass
+
 
 class FakeRunner:
     """Times a config as a deterministic function of its knobs; some configs fail at run time."""

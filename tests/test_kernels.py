@@ -1,6 +1,5 @@
 """Generated contraction kernels against a float64 torch reference, under the Triton interpreter."""
 import pytest
-import torch
 
 from tritune.kernels.build import Kernel, problem_of
 from tritune.kernels.expr import BiasAdd, ExprError, Gelu, Matmul, Relu, Scale

@@ -1,5 +1,4 @@
 """Contract tests run for every registered strategy, plus the registry itself."""
-import numpy as np
 import pytest
 
 from functools import partial

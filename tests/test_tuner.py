@@ -1,5 +1,4 @@
 """The tuning loop with fake builder/runner: statuses stored, resume, early stop, fault hook."""
-import pytest
 
 from fakes import FakeBuilder, FakeRunner, fake_time
 from tritune.kernels.device import device_key

@@ -10,12 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from tritune.kernels import template
-from tritune.kernels.expr import DTYPE_BYTES, Matmul
+from tritune.kernels.expr import INT32_MAX, Matmul
 from tritune.schedules.config import Config
 from tritune.settings import SETTINGS
 
 TRITON_DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp32": "fp32"}
-INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -159,8 +158,3 @@ def _current_target() -> Any:
     from triton.runtime import driver
 
     return driver.active.get_current_target()
-
-
-def element_bytes(expr: Matmul) -> int:
-    """Bytes per element of the operands."""
-    return DTYPE_BYTES[expr.dtype]

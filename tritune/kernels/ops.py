@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from tritune.kernels.build import Kernel, problem_of
 from tritune.kernels.device import device_info, device_key
-from tritune.kernels.expr import Epilogue, ExprError, Matmul
+from tritune.kernels.expr import BiasAdd, Epilogue, ExprError, Matmul
 from tritune.records import dispatch
 from tritune.schedules.config import Config
 from tritune.settings import SETTINGS
@@ -43,7 +43,6 @@ def _expr_of(a: Any, b: Any, bias: Any, epilogue: Sequence[Epilogue]) -> Matmul:
     batch = max(a.shape[0] if a.dim() == 3 else 1, b.shape[0] if b.dim() == 3 else 1)
     steps = tuple(epilogue)
     if bias is not None and not any(e.needs_bias for e in steps):
-        from tritune.kernels.expr import BiasAdd
         steps = (BiasAdd(), *steps)
     return Matmul(a.shape[-2], b.shape[-1], a.shape[-1], batch=batch, dtype=DTYPE_NAMES[str(a.dtype)],
                   trans_a=a.stride(-2) == 1 and a.stride(-1) != 1, trans_b=b.stride(-2) == 1 and b.stride(-1) != 1,

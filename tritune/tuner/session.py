@@ -11,6 +11,7 @@ from tritune.schedules.matmul import Limits
 from tritune.search import make_strategy
 from tritune.tuner import display
 from tritune.tuner.builder import Builder
+from tritune.tuner.measure import Timing
 from tritune.tuner.runner import Runner
 from tritune.tuner.tuner import Task, Tuner, best_of, warm_start
 
@@ -37,16 +38,23 @@ def device_task(expr: Matmul, info: dict) -> Task:
     return Task(expr, device_key(info), limits)
 
 
-def tune(expr: Matmul, db: Database, options: TuneOptions) -> dict:
-    """Tune `expr`, print progress and the final table, and return the summary numbers."""
+def start_gpu(expr: Matmul, timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
+              workers: int | None = None) -> tuple[Runner, Task, Builder]:
+    """Start the GPU worker, read its device, and start a compile pool for that device's target."""
     from triton.backends.compiler import GPUTarget
 
+    runner = Runner(timing, timeout_s=timeout_s, seed=seed)
+    info = runner.device_info()
+    task = device_task(expr, info)
+    major, minor = (int(x) for x in info["capability"].split("."))
+    return runner, task, Builder(GPUTarget("cuda", major * 10 + minor, 32), task.limits.shared_bytes, workers)
+
+
+def tune(expr: Matmul, db: Database, options: TuneOptions) -> dict:
+    """Tune `expr`, print progress and the final table, and return the summary numbers."""
     start = time.time()
-    with Runner(timeout_s=options.timeout_s, seed=options.seed) as runner:
-        info = runner.device_info()
-        task = device_task(expr, info)
-        major, minor = (int(x) for x in info["capability"].split("."))
-        builder = Builder(GPUTarget("cuda", major * 10 + minor, 32), task.limits.shared_bytes, options.workers)
+    runner, task, builder = start_gpu(expr, timeout_s=options.timeout_s, seed=options.seed, workers=options.workers)
+    with runner:
         strategy = make_strategy(options.strategy, task.space, seed=options.seed, features=task.featurize,
                                  prior=warm_start(db, task))
         try:
@@ -59,7 +67,7 @@ def tune(expr: Matmul, db: Database, options: TuneOptions) -> dict:
             display.console.print("[red]no candidate ran correctly[/red]")
             return {"workload": expr.to_dict(), "trials": len(history), "best": None}
         h2h = runner.head_to_head(expr, best.config)
-    display.out.print(display.summary_table(expr, best, h2h, info["gpu"]))
+    display.out.print(display.summary_table(expr, best, h2h, task.device.gpu))
     return _summary(expr, task, history, best, h2h, time.time() - start)
 
 
