@@ -165,6 +165,29 @@ def import_(src, db_path) -> None:
     click.echo(f"imported {n} new trials", err=True)
 
 
+@cli.command()
+@click.option("--op", default=None, help="only this operator")
+@click.option("--out", "out_dir", default="tritune-report", show_default=True, type=click.Path(file_okay=False))
+@click.option("--min-trials", default=32, show_default=True, type=click.IntRange(8), help="skip workloads with fewer")
+@click.option("--folds", default=5, show_default=True, type=click.IntRange(2))
+@db_option
+def report(op, out_dir, min_trials, folds, db_path) -> None:
+    """How well the cost model ranks the stored trials: table, report.json, report.html."""
+    from rich.console import Console
+
+    from tritune.cost_model import report as rep
+    from tritune.tuner.display import out
+
+    with open_db(db_path, must_exist=True) as db:
+        try:
+            result, sets, scores = rep.build(db, op, min_trials, folds)
+        except rep.ReportError as exc:
+            raise UsageError(str(exc)) from None
+        Console(width=max(out.width, 130)).print(rep.table(result))  # ten columns: never squeeze them
+        paths = rep.write(result, sets, scores, Path(out_dir))
+    click.echo(f"wrote {', '.join(str(p) for p in paths)}", err=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI, turning usage errors into one line and exit code 2."""
     warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION.*")

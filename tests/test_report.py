@@ -1,0 +1,72 @@
+"""tune-cli report from recorded H100 trials: files written, JSON consistent with the table, clear errors."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tritune.cost_model import report
+from tritune.records.database import Database
+from tritune.tuner.cli import main
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+import import_recording  # noqa: E402
+
+SPACES = Path(__file__).parent / "fixtures" / "spaces"
+
+
+@pytest.fixture(scope="module")
+def db_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("report") / "t.db"
+    with Database(path) as db:
+        for name in ("space_16x4096x4096_fp16.jsonl.gz", "space_4096_fp16.jsonl.gz"):
+            import_recording.load(db, str(SPACES / name))
+    return path
+
+
+def test_report_numbers_files_and_table_agree(db_path, tmp_path):
+    with Database(db_path) as db:
+        result, sets, scores = report.build(db, "matmul", folds=3, repeats=1, sizes=(16, 64))
+    assert set(result["workloads"]) == {"matmul 16x4096x4096 fp16 NN", "matmul 4096x4096x4096 fp16 NN"}
+    big = result["workloads"]["matmul 4096x4096x4096 fp16 NN"]
+    assert big["trials"] == 1018 and big["cross_validation"]["spearman"] > 0.9  # real H100 data
+    assert set(big["learning_curve"]) == {"16", "64"}
+    assert len(result["transfer"]["matrix"]) == 2 and set(result["transfer"]["held_out"]) == set(result["workloads"])
+    paths = report.write(result, sets, scores, tmp_path)
+    assert {p.name for p in paths} == {"report.json", "report.html", "scatter.png", "learning_curve.png",
+                                       "transfer.png", "convergence.png"}
+    assert all(p.stat().st_size > 1000 for p in paths)
+    assert json.loads((tmp_path / "report.json").read_text()) == report.clean(result)
+    assert big["cross_validation"]["failure_auc"] != big["cross_validation"]["failure_auc"]  # no failures: nan
+    assert json.loads((tmp_path / "report.json").read_text())["workloads"]["matmul 4096x4096x4096 fp16 NN"][
+        "cross_validation"]["failure_auc"] is None
+    from rich.console import Console
+
+    console = Console(record=True, width=250)
+    console.print(report.table(result))
+    text = console.export_text()
+    assert f"{big['cross_validation']['spearman']:.3f}" in text
+    assert f"{result['transfer']['held_out']['matmul 4096x4096x4096 fp16 NN']['spearman']:.3f}" in text
+    page = (tmp_path / "report.html").read_text()
+    assert all(f'src="{p.name}"' in page for p in paths if p.suffix == ".png")
+
+
+def cli(capsys, *args):
+    with pytest.raises(SystemExit) as info:
+        main(list(args))
+        raise SystemExit(0)
+    return info.value.code, capsys.readouterr().err
+
+
+def test_report_errors_are_one_line(db_path, tmp_path, capsys):
+    code, err = cli(capsys, "report", "--db", str(db_path), "--op", "conv2d", "--out", str(tmp_path))
+    assert code == 2 and "no workloads of op 'conv2d'" in err and err.count("\n") == 1
+    code, err = cli(capsys, "report", "--db", str(db_path), "--min-trials", "5000", "--out", str(tmp_path))
+    assert code == 2 and "5000 or more trials" in err
+    Database(tmp_path / "empty.db").close()
+    code, err = cli(capsys, "report", "--db", str(tmp_path / "empty.db"), "--out", str(tmp_path))
+    assert code == 2 and "no workload" in err
+    bad = tmp_path / "bad.db"
+    bad.write_text("not a database")
+    code, err = cli(capsys, "report", "--db", str(bad), "--out", str(tmp_path))
+    assert code == 2 and "not" in err and err.count("\n") == 1
