@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 import numpy as np
 from sklearn.model_selection import KFold
 
-from tritune.cost_model.features import features, labels
+from tritune.cost_model.features import training_set
 from tritune.cost_model.metrics import all_metrics, spearman
 from tritune.cost_model.xgb import XGBCostModel
 from tritune.kernels.expr import Matmul
@@ -38,18 +38,15 @@ class Dataset:
 def load_datasets(db: Database, op: str | None = None, min_trials: int = 32) -> list[Dataset]:
     """Every (workload, device) with at least `min_trials` trials."""
     out = []
-    for key, _, _, spec in db.workloads(op):
-        expr = Matmul.from_dict(json.loads(spec))
-        by_device: dict[DeviceKey, list] = {}
-        for row in db.best_rows(expr.op):
-            if row.workload_key == key:
-                by_device[row.device] = db.trials(key, row.device)
-        for device, results in by_device.items():
-            if len(results) >= min_trials:
-                major, minor = (int(x) for x in device.capability.split("."))
-                X = features(expr, Limits.for_capability(major, minor), [r.config for r in results])
-                times = np.array([r.t_median if r.ok else np.inf for r in results])
-                out.append(Dataset(expr, device, X, labels(results), np.array([r.ok for r in results]), times))
+    for row in db.best_rows(op):  # one row per (workload, device) with a correct trial
+        if row.n_trials < min_trials:
+            continue
+        results = db.trials(row.workload_key, row.device)
+        expr = Matmul.from_dict(json.loads(row.workload_spec))
+        major, minor = (int(x) for x in row.device.capability.split("."))
+        X, y = training_set(expr, Limits.for_capability(major, minor), results)
+        times = np.array([r.t_median if r.ok else np.inf for r in results])
+        out.append(Dataset(expr, row.device, X, y, np.array([r.ok for r in results]), times))
     return out
 
 

@@ -61,3 +61,8 @@ def labels(results: Sequence[MeasureResult]) -> np.ndarray:
     times = [r.t_median for r in results if r.ok]
     best = min(times) if times else 1.0
     return np.array([best / r.t_median if r.ok else 0.0 for r in results], dtype=np.float32)
+
+
+def training_set(expr: Matmul, limits: Limits, results: Sequence[MeasureResult]) -> tuple[np.ndarray, np.ndarray]:
+    """Feature rows and labels of one workload's measured results."""
+    return features(expr, limits, [r.config for r in results]), labels(results)

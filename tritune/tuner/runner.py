@@ -72,6 +72,7 @@ class Runner:
         self._ctx = mp.get_context("spawn")  # never fork a process that may hold a CUDA context
         self._proc: Any = None
         self._conn: Any = None
+        self._info: dict = {}
         self._starts = 0
 
     @property
@@ -88,14 +89,28 @@ class Runner:
         self._conn = parent
         # handshake, so that start-up (torch import, CUDA init) never counts against a candidate
         parent.send(("info", {}))
-        if not parent.poll(STARTUP_TIMEOUT_S):
+        status, self._info = self._answer(STARTUP_TIMEOUT_S, f"GPU worker did not start within {STARTUP_TIMEOUT_S:.0f} s")
+        if status != "ok":
             self._kill()
-            raise WorkerDied(Status.CRASH, f"GPU worker did not start within {STARTUP_TIMEOUT_S:.0f} s")
+            raise WorkerDied(Status.CRASH, f"GPU worker failed to start: {self._info['message']}")
+
+    def _ensure(self) -> None:
+        """A live worker, started (again) if there is none."""
+        if self._proc is None or not self._proc.is_alive():
+            self._kill()
+            self._start()
+
+    def _answer(self, limit: float, hung: str, hung_status: Status = Status.CRASH) -> Any:
+        """The worker's next reply; on a timeout or a dead pipe, drop the worker and raise WorkerDied."""
+        if not self._conn.poll(limit):
+            self._kill()
+            raise WorkerDied(hung_status, hung)
         try:
-            parent.recv()
+            return self._conn.recv()
         except (EOFError, ConnectionError):
+            code = self._proc.exitcode if self._proc is not None else None
             self._kill()
-            raise WorkerDied(Status.CRASH, "GPU worker died while starting") from None
+            raise WorkerDied(Status.CRASH, f"worker died (exit code {code}); restarted") from None
 
     def _kill(self) -> None:
         if self._proc is not None:
@@ -105,30 +120,18 @@ class Runner:
 
     def request(self, kind: str, payload: dict, timeout_s: float | None = None) -> tuple[str, Any]:
         """Send one request; raises WorkerDied (and drops the worker) on crash or timeout."""
-        if self._proc is None or not self._proc.is_alive():
-            self._kill()
-            self._start()
+        self._ensure()
         self._conn.send((kind, payload))
         limit = timeout_s or self.timeout_s
-        if not self._conn.poll(limit):
-            self._kill()
-            raise WorkerDied(Status.TIMEOUT, f"no answer within {limit:.0f} s (hang?); worker restarted")
-        try:
-            answer = self._conn.recv()
-        except (EOFError, ConnectionError):
-            code = self._proc.exitcode if self._proc is not None else None
-            self._kill()
-            raise WorkerDied(Status.CRASH, f"worker died (exit code {code}); restarted") from None
+        answer = self._answer(limit, f"no answer within {limit:.0f} s (hang?); worker restarted", Status.TIMEOUT)
         if answer[0] == "error" and answer[1]["status"] is Status.CRASH:
             self._kill()
         return answer
 
     def device_info(self) -> dict:
-        """GPU facts from the worker (the parent never initialises CUDA)."""
-        status, info = self.request("info", {}, STARTUP_TIMEOUT_S)
-        if status != "ok":
-            raise RuntimeError(info["message"])
-        return info
+        """GPU facts of the current worker, from its start-up handshake (the parent never touches CUDA)."""
+        self._ensure()
+        return self._info
 
     def measure(self, expr: Matmul, config: Config, compile_s: float = 0.0) -> MeasureResult:
         """Check and time one built candidate; failures come back as results, never raised."""

@@ -1,15 +1,14 @@
 """Tuner: owns the loop propose -> build -> measure -> store -> update, its budget and stopping."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable, Sequence
 
-import json
-
 import numpy as np
 
-from tritune.cost_model.features import features, labels
+from tritune.cost_model.features import features, training_set
 from tritune.kernels.build import canonical_problem
 from tritune.kernels.expr import DTYPE_BYTES, Matmul
 from tritune.records.database import Database
@@ -47,9 +46,8 @@ def warm_start(db: Database, task: Task, min_trials: int = 8) -> Prior | None:
     for group, (key, _, _, spec) in enumerate(db.workloads(task.expr.op)):
         results = db.trials(key, task.device) if key != task.expr.key else []
         if len(results) >= min_trials:
-            other = Matmul.from_dict(json.loads(spec))
-            parts.append((features(other, task.limits, [r.config for r in results]), labels(results),
-                          np.full(len(results), group)))
+            X, y = training_set(Matmul.from_dict(json.loads(spec)), task.limits, results)
+            parts.append((X, y, np.full(len(results), group)))
     if not parts:
         return None
     return Prior(*(np.concatenate(p) for p in zip(*parts)))
