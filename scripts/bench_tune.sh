@@ -32,11 +32,11 @@ python3 - "$out" <<'PY'
 import json, sys
 out = sys.argv[1]
 walls = dict(l.split(" ", 1) for l in open(f"{out}/walls.txt").read().splitlines())
-print(f"{'run':12s} {'wall s':>7s} {'trials':>6s} {'statuses':34s} {'ours TF/s':>9s} {'torch TF/s':>10s} {'ratio':>6s}  best config")
+print(f"{'run':12s} {'wall s':>7s} {'trials':>6s} {'statuses':34s} {'ours':>14s} {'torch':>14s} {'ratio':>6s}  best config")
 for name in ("fp16", "bf16", "fp16_rerun", "fp16_seed1", "fp16_seed2", "isolation"):
     s = json.load(open(f"{out}/{name}.json"))
     wall = int(walls[name].split("wall_ms=")[1]) / 1000
     cfg = " ".join(f"{k}={v}" for k, v in sorted(s["best_config"].items()))
     print(f"{name:12s} {wall:7.1f} {s['trials']:6d} {json.dumps(s['statuses'], sort_keys=True):34s} "
-          f"{s['ours_tflops']:9.1f} {s['torch_tflops']:10.1f} {s['ratio_vs_torch']:6.3f}  {cfg}")
+          f"{s['ours_rate']:>14} {s['torch_rate']:>14} {s['ratio_vs_torch']:6.3f}  {cfg}")
 PY

@@ -36,7 +36,7 @@ def main() -> None:
     p.add_argument("--shape", default="4096")
     p.add_argument("--dtype", default="fp16")
     args = p.parse_args()
-    expr = make_expr("matmul", args.shape, args.dtype, "nn", "")
+    expr = make_expr("matmul", args.shape, args.dtype)
     x = make_inputs(expr, seed=123)
     a, b = x.a[0], x.b[0]
     with tritune.apply_history_best(args.db):
@@ -54,7 +54,7 @@ def main() -> None:
 
 def overhead(db: str, config, dtype: str) -> None:
     """Per-call host cost of ops.matmul against a direct launch of the same compiled kernel."""
-    small = make_expr("matmul", "64", dtype, "nn", "")
+    small = make_expr("matmul", "64", dtype)
     a = torch.randn(64, 64, device="cuda", dtype=TORCH_DTYPES[dtype])
     out = torch.empty_like(a)
     kernel = Kernel(small, config, problem_of(small, a, a, out))

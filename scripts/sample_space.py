@@ -32,7 +32,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5, help="... this many more times; keep the median")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    expr = make_expr("matmul", args.shape, args.dtype, "nn", "")
+    expr = make_expr("matmul", args.shape, args.dtype)
     t0 = time.time()
     runner, task, builder = start_gpu(expr, Timing(args.warmup_ms, args.rep_ms), args.timeout, args.seed)
     with runner:

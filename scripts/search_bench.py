@@ -33,7 +33,7 @@ def environment(args):
     from tritune.tuner.cli import make_expr
     from tritune.tuner.session import start_gpu
 
-    runner, task, builder = start_gpu(make_expr("matmul", args.shape, args.dtype, "nn", ""))
+    runner, task, builder = start_gpu(make_expr("matmul", args.shape, args.dtype))
     torch_ms = runner.torch_time(task.expr)[2]
     return task, builder, runner, torch_ms, lambda: (builder.close(), runner.close())
 

@@ -4,12 +4,13 @@ import sys
 
 from triton.backends.compiler import GPUTarget
 
-from tritune.kernels.build import canonical_problem, compile_kernel
-from tritune.kernels.expr import Matmul
+from tritune.kernels.family import expr_from_dict, family
 from tritune.schedules.config import Config
 
 for line in sys.stdin:
     case = json.loads(line)
-    expr, config = Matmul.from_dict(case["expr"]), Config.of(case["config"])
-    compiled = compile_kernel(expr, config, canonical_problem(expr), GPUTarget("cuda", 90, 32))
-    print(json.dumps({"shared": compiled.metadata.shared, "wgmma": "wgmma" in compiled.asm["ptx"]}), flush=True)
+    expr, config = expr_from_dict(case["expr"]), Config.of(case["config"])
+    fam = family(case["expr"]["op"])
+    compiled = fam.compile(expr, config, fam.canonical_problem(expr), GPUTarget("cuda", 90, 32))
+    print(json.dumps({"shared": compiled.metadata.shared, "wgmma": "wgmma" in compiled.asm["ptx"],
+                      "ptx": compiled.asm["ptx"] if case.get("ptx") else None}), flush=True)

@@ -8,7 +8,7 @@ import pytest
 from tritune.records.database import Database
 from tritune.records.result import DeviceKey, MeasureResult, Status
 from tritune.schedules.config import Config
-from tritune.tuner.cli import main, parse_shape
+from tritune.tuner.cli import main, make_expr
 
 
 def cli(capsys, *args):
@@ -20,7 +20,9 @@ def cli(capsys, *args):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["run", "--op", "conv9d", "--shape", "64"], "unknown op 'conv9d'; known: matmul"),
+    (["run", "--op", "conv9d", "--shape", "64"], "unknown op 'conv9d'; known: matmul, bmm"),
+    (["run", "--op", "bmm", "--shape", "64"], "bad --shape"),
+    (["run", "--shape", "64", "--stride", "2"], "--stride does not apply to --op matmul"),
     (["run", "--shape", "64,64"], "bad --shape"),
     (["run", "--shape", "a,b,c"], "bad --shape"),
     (["run", "--shape", "0"], "bad --shape"),
@@ -87,9 +89,10 @@ def test_bad_jsonl_import_is_exit_2_and_writes_nothing(capsys, tmp_path):
 
 
 def test_shapes():
-    assert parse_shape("4096") == (1, 4096, 4096, 4096)
-    assert parse_shape("16,4096,2048") == (1, 16, 4096, 2048)
-    assert parse_shape("8,128,64,32") == (8, 128, 64, 32)
+    dims = lambda e: (e.batch, e.m, e.n, e.k)  # noqa: E731
+    assert dims(make_expr("matmul", "4096", "fp16")) == (1, 4096, 4096, 4096)
+    assert dims(make_expr("matmul", "16,4096,2048", "fp16")) == (1, 16, 4096, 2048)
+    assert dims(make_expr("bmm", "8,128,64,32", "fp16")) == (8, 128, 64, 32)
 
 
 def test_module_entry_point_prints_no_traceback(tmp_path):
@@ -97,4 +100,5 @@ def test_module_entry_point_prints_no_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "tritune", "run", "--op", "nope", "--shape", "8"],
                           capture_output=True, text=True, env=env)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines() == ["tune-cli: unknown op 'nope'; known: matmul"]
+    assert proc.stderr.strip().splitlines()[0].startswith("tune-cli: unknown op 'nope'; known: matmul, bmm")
+    assert len(proc.stderr.strip().splitlines()) == 1

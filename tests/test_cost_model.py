@@ -10,7 +10,8 @@ from tritune.cost_model.xgb import XGBCostModel
 from tritune.kernels.expr import Matmul
 from tritune.records.result import MeasureResult, Status
 from tritune.schedules.config import Config
-from tritune.schedules.matmul import Limits, matmul_space
+from tritune.schedules.matmul import matmul_space
+from tritune.schedules.space import Limits
 
 H100 = Limits.for_capability(9, 0)
 EXPR = Matmul(4096, 4096, 4096)

@@ -1,10 +1,12 @@
 """Generated contraction kernels against a float64 torch reference, under the Triton interpreter."""
 import pytest
 
-from tritune.kernels.build import Kernel, problem_of
+from cases import run_case as run_family_case
+
+from tritune.kernels.contraction import MATMUL
 from tritune.kernels.expr import BiasAdd, ExprError, Gelu, Matmul, Relu, Scale
 from tritune.schedules.config import Config
-from tritune.tuner.measure import make_inputs, reference, rel_error, tolerance
+from tritune.tuner.measure import rel_error
 
 SMALL = Config.of(BLOCK_M=32, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=2, UNROLL=2)
 EPILOGUES = {
@@ -22,9 +24,11 @@ SHAPES = [  # (batch, m, n, k): none a multiple of the tiles; M or N = 1; batche
 
 
 def run_case(expr: Matmul, config: Config = SMALL, seed: int = 0) -> float:
-    x = make_inputs(expr, seed, device="cpu")
-    Kernel(expr, config, problem_of(expr, x.a, x.b, x.c, x.bias))(x.a, x.b, x.c, x.bias)
-    return rel_error(x.c, reference(expr, x))
+    return run_family_case(expr, config, seed)[0]
+
+
+def tolerance(expr: Matmul) -> float:
+    return MATMUL.tolerance(expr)
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
@@ -55,16 +59,15 @@ def test_other_configs_and_even_k(knobs):
 def test_check_catches_a_wrong_kernel():
     """The checker must be able to fail: a wrong scale in the kernel is caught."""
     expr = Matmul(20, 20, 20, dtype="fp32", epilogue=(Scale(2.0),))
-    x = make_inputs(expr, 0, device="cpu")
     wrong = Matmul(20, 20, 20, dtype="fp32", epilogue=(Scale(2.02),))  # 1% off: above any tolerance
-    Kernel(wrong, SMALL, problem_of(wrong, x.a, x.b, x.c, x.bias))(x.a, x.b, x.c, x.bias)
-    assert rel_error(x.c, reference(expr, x)) > tolerance(expr)
+    err, tol = run_family_case(expr, SMALL, kernel_expr=wrong)
+    assert err > tol
 
 
 def test_unwritten_output_is_infinite_error():
     expr = Matmul(8, 8, 8, dtype="fp32")
-    x = make_inputs(expr, 0, device="cpu")
-    assert rel_error(x.c, reference(expr, x)) == float("inf")  # poisoned with NaN, never written
+    x = MATMUL.inputs(expr, 0, "cpu")
+    assert rel_error(x.out, MATMUL.reference(expr, x.args)) == float("inf")  # poisoned with NaN, never written
 
 
 @pytest.mark.parametrize("bad", [dict(m=0), dict(dtype="fp8"), dict(k=-3), dict(m=1.5)])

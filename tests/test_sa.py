@@ -2,7 +2,8 @@
 import numpy as np
 
 from tritune.records.result import MeasureResult, Status
-from tritune.schedules.matmul import Limits, matmul_space
+from tritune.schedules.matmul import matmul_space
+from tritune.schedules.space import Limits
 from tritune.search import Prior, make_strategy
 from tritune.search.model_based import diverse_pick
 from tritune.search.sa import SimulatedAnnealing

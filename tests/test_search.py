@@ -6,7 +6,8 @@ from functools import partial
 from tritune.cost_model.features import features
 from tritune.kernels.expr import Matmul
 from tritune.records.result import MeasureResult, Status
-from tritune.schedules.matmul import Limits, matmul_space
+from tritune.schedules.matmul import matmul_space
+from tritune.schedules.space import Limits
 from tritune.search import REGISTRY
 from tritune.search import make_strategy as _make
 

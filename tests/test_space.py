@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from tritune.schedules.config import Config
-from tritune.schedules.matmul import KNOBS, MAX_ACC_REGS, Limits, matmul_space, shared_estimate
+from tritune.schedules.matmul import KNOBS, MAX_ACC_REGS, matmul_space, shared_estimate
+from tritune.schedules.space import Limits
 from tritune.schedules.space import Knob, Space
 
 H100 = Limits.for_capability(9, 0)

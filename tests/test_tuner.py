@@ -5,7 +5,7 @@ from tritune.kernels.device import device_key
 from tritune.kernels.expr import Matmul
 from tritune.records.database import Database
 from tritune.records.result import DeviceKey, Status
-from tritune.schedules.matmul import Limits
+from tritune.schedules.space import Limits
 from tritune.search import make_strategy
 from tritune.cost_model.features import FEATURE_NAMES
 from tritune.tuner.tuner import Task, Tuner, best_of, warm_start

@@ -3,18 +3,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from sklearn.model_selection import KFold
 
-from tritune.cost_model.features import training_set
 from tritune.cost_model.metrics import all_metrics, spearman
 from tritune.cost_model.xgb import XGBCostModel
-from tritune.kernels.expr import Matmul
+from tritune.kernels.family import expr_from_dict, training_set
 from tritune.records.database import Database
 from tritune.records.result import DeviceKey
-from tritune.schedules.matmul import Limits
+from tritune.schedules.space import Limits
 
 ModelFactory = Callable[[], XGBCostModel]
 
@@ -23,7 +22,7 @@ ModelFactory = Callable[[], XGBCostModel]
 class Dataset:
     """The stored trials of one workload on one device, as model inputs, in measurement order."""
 
-    expr: Matmul
+    expr: Any
     device: DeviceKey
     X: np.ndarray
     y: np.ndarray
@@ -42,7 +41,7 @@ def load_datasets(db: Database, op: str | None = None, min_trials: int = 32) -> 
         if row.n_trials < min_trials:
             continue
         results = db.trials(row.workload_key, row.device)
-        expr = Matmul.from_dict(json.loads(row.workload_spec))
+        expr = expr_from_dict(json.loads(row.workload_spec))
         major, minor = (int(x) for x in row.device.capability.split("."))
         X, y = training_set(expr, Limits.for_capability(major, minor), results)
         times = np.array([r.t_median if r.ok else np.inf for r in results])

@@ -9,7 +9,8 @@ import numpy as np
 from tritune.kernels.expr import DTYPE_BYTES, Matmul
 from tritune.records.result import MeasureResult
 from tritune.schedules.config import Config
-from tritune.schedules.matmul import REGS_PER_SM, RESERVED_REGS, Limits, shared_estimate
+from tritune.schedules.matmul import REGS_PER_SM, RESERVED_REGS, shared_estimate
+from tritune.schedules.space import Limits
 
 KNOB_NAMES = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "UNROLL")
 DERIVED = (
@@ -61,8 +62,3 @@ def labels(results: Sequence[MeasureResult]) -> np.ndarray:
     times = [r.t_median for r in results if r.ok]
     best = min(times) if times else 1.0
     return np.array([best / r.t_median if r.ok else 0.0 for r in results], dtype=np.float32)
-
-
-def training_set(expr: Matmul, limits: Limits, results: Sequence[MeasureResult]) -> tuple[np.ndarray, np.ndarray]:
-    """Feature rows and labels of one workload's measured results."""
-    return features(expr, limits, [r.config for r in results]), labels(results)

@@ -1,8 +1,7 @@
 """Specialise, compile and launch a generated contraction kernel.
 
-A kernel binary assumes things about its arguments (which ints equal 1, which are multiples of
-16, which pointers are 16-byte aligned), exactly as Triton's JIT would; `Problem` holds those facts
-so the same binary is built ahead of time by the builder and found again by the runner and replay.
+`Problem` holds the facts a binary assumes about its arguments (ints, pointer alignment) so the
+same binary is built ahead of time by the builder and found again by the runner and replay.
 """
 from __future__ import annotations
 
@@ -10,11 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from tritune.kernels import template
-from tritune.kernels.expr import INT32_MAX, Matmul
+from tritune.kernels.codegen import Binary, Launcher, divisibility
+from tritune.kernels.expr import Matmul
 from tritune.schedules.config import Config
-from tritune.settings import SETTINGS
 
-TRITON_DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp32": "fp32"}
+# Replay's last resort: valid for any contraction.
+DEFAULT = Config.of(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3, UNROLL=1)
 
 
 @dataclass(frozen=True)
@@ -81,38 +81,21 @@ def constexprs(expr: Matmul, config: Config) -> dict[str, Any]:
     }
 
 
-def specialization(expr: Matmul, problem: Problem, config: Config) -> tuple[dict, dict, dict]:
-    """Triton (signature, constexprs, attrs) the way its JIT would specialise these arguments."""
-    names = pointer_names(expr) + int_names(expr)
-    signature: dict[str, str] = {}
-    consts: dict[str, Any] = {}
-    attrs: dict[tuple[int], list] = {}
-    for i, (name, aligned) in enumerate(zip(pointer_names(expr), problem.aligned)):
-        signature[name] = "*" + TRITON_DTYPES[expr.dtype]
-        if aligned:
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    for i, (name, value) in enumerate(zip(int_names(expr), problem.ints), start=len(problem.aligned)):
-        if value == 1:
-            signature[name], consts[name] = "constexpr", 1
-            continue
-        signature[name] = "i64" if abs(value) > INT32_MAX else "i32"
-        if value % 16 == 0:
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    for name, value in constexprs(expr, config).items():
-        signature[name], consts[name] = "constexpr", value
-    assert list(signature) == names + list(template.CONSTEXPRS)
-    return signature, consts, attrs
+def binary(expr: Matmul, config: Config, problem: Problem) -> Binary:
+    """What the candidate's binary is built from, specialised the way Triton's JIT would, except
+    that ints get the largest power-of-two divisibility (up to 16) they have: strides that are
+    multiples of 8 fp16 elements still allow 16-byte loads.
+    """
+    fn = template.load(expr, config.get("fault"))
+    pointers = tuple((name, expr.dtype, aligned) for name, aligned in zip(pointer_names(expr), problem.aligned))
+    ints = tuple((name, v, divisibility(v)) for name, v in zip(int_names(expr), problem.ints))
+    options = (("num_warps", config["num_warps"]), ("num_stages", config["num_stages"]))
+    return Binary(fn, pointers, ints, tuple(constexprs(expr, config).items()), options)
 
 
 def compile_kernel(expr: Matmul, config: Config, problem: Problem, target: Any) -> Any:
     """Compile one candidate for a target (no GPU needed); returns Triton's CompiledKernel."""
-    import triton
-    from triton.compiler import ASTSource
-
-    fn = template.load(expr, config.get("fault"))
-    signature, consts, attrs = specialization(expr, problem, config)
-    options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
-    return triton.compile(ASTSource(fn, signature, consts, attrs), target=target, options=options)
+    return binary(expr, config, problem).compile(target)
 
 
 def grid(expr: Matmul, config: Config) -> tuple[int, int, int]:
@@ -127,34 +110,17 @@ class Kernel:
 
     def __init__(self, expr: Matmul, config: Config, problem: Problem, target: Any = None) -> None:
         self.expr, self.config, self.problem = expr, config, problem
-        self._grid = grid(expr, config)
-        self._consts = constexprs(expr, config)
-        if SETTINGS.interpret:
-            self._fn = template.load(expr, config.get("fault"))
-            self.compiled = None
-        else:
-            self.compiled = compile_kernel(expr, config, problem, target or _current_target())
-            self._launch = None
+        self._launcher = Launcher(binary(expr, config, problem), grid(expr, config), target)
+        self.compiled = self._launcher.compiled
 
     def __call__(self, a: Any, b: Any, c: Any, bias: Any = None) -> None:
         """Launch on tensors whose problem matches the one this kernel was built for."""
-        tensors = (a, b, c, bias) if self.expr.has_bias else (a, b, c)
-        if self.compiled is None:
-            self._fn[self._grid](*tensors, *self.problem.ints, **self._consts,
-                                 num_warps=self.config["num_warps"], num_stages=self.config["num_stages"])
-            return
-        if self._launch is None:
-            self._launch = self.compiled[self._grid]  # loads the binary; raises OutOfResources
-        # Triton >= 3.3 launchers take constexpr arguments too and skip them
-        self._launch(*tensors, *self.problem.ints, *self._consts.values())
+        if self.expr.has_bias:
+            self._launcher(a, b, c, bias)
+        else:
+            self._launcher(a, b, c)
 
     @property
     def shared_bytes(self) -> int | None:
         """Shared memory the compiled binary needs (None under the interpreter)."""
-        return None if self.compiled is None else self.compiled.metadata.shared
-
-
-def _current_target() -> Any:
-    from triton.runtime import driver
-
-    return driver.active.get_current_target()
+        return self._launcher.shared_bytes

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from tritune.kernels.template import template_hash
+from tritune.kernels.family import family
 from tritune.records.result import DeviceKey
 from tritune.settings import SETTINGS
 
@@ -28,6 +28,6 @@ def device_info(index: int = 0) -> dict:
     }
 
 
-def device_key(info: dict) -> DeviceKey:
-    """The key under which measurements on this device, compiler and template are stored."""
-    return DeviceKey(info["gpu"], info["capability"], info["triton"], info["torch"], template_hash())
+def device_key(info: dict, op: str = "matmul") -> DeviceKey:
+    """The key under which measurements of an op on this device, compiler and template are stored."""
+    return DeviceKey(info["gpu"], info["capability"], info["triton"], info["torch"], family(op).template_hash())

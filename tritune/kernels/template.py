@@ -5,14 +5,10 @@ generated source; tile sizes, warps, stages and unrolling are compile-time param
 """
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
+from tritune.kernels.codegen import load_source
 from tritune.kernels.expr import Matmul
-from tritune.settings import SETTINGS
 
 KERNEL_NAME = "tritune_matmul"
 CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "UNROLL", "EVEN_K", "DOT_PRECISION")
@@ -97,32 +93,6 @@ def source(expr: Matmul, fault: str | None = None) -> str:
     )
 
 
-def template_hash() -> str:
-    """Hash of everything that shapes generated kernels: this file and the expression layer."""
-    here = Path(__file__).parent
-    text = b"".join((here / name).read_bytes() for name in ("template.py", "expr.py", "build.py"))
-    return hashlib.sha256(text).hexdigest()[:16]
-
-
-_LOADED: dict[str, Any] = {}
-
-
 def load(expr: Matmul, fault: str | None = None) -> Any:
-    """Write the generated source to the kernel cache (Triton reads source files) and import it."""
-    text = source(expr, fault)
-    digest = hashlib.sha256(text.encode()).hexdigest()[:20]
-    key = f"{digest}-{int(SETTINGS.interpret)}"
-    if key not in _LOADED:
-        path = SETTINGS.kernel_dir / f"tritune_{digest}.py"
-        if not path.exists() or path.read_text() != text:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{id(text)}.tmp")
-            tmp.write_text(text)
-            tmp.replace(path)  # atomic: parallel builders may write the same file
-        module_name = f"tritune_generated_{digest}"
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
-        _LOADED[key] = getattr(module, KERNEL_NAME)
-    return _LOADED[key]
+    """The @triton.jit function of the generated source for `expr`."""
+    return load_source(source(expr, fault), KERNEL_NAME)

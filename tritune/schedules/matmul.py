@@ -1,10 +1,8 @@
 """The schedule space of the contraction template: tiles, grouping, warps, stages, unrolling."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from tritune.schedules.config import Config
-from tritune.schedules.space import Knob, Space
+from tritune.schedules.space import Knob, Limits, Space
 
 KNOBS = (
     Knob("BLOCK_M", (16, 32, 64, 128, 256)),
@@ -32,23 +30,6 @@ MAX_ACC_REGS = 128
 REGS_PER_SM, RESERVED_REGS = 65536, 48
 
 
-@dataclass(frozen=True)
-class Limits:
-    """What the device allows a program (from the GPU, or a known table for offline builds)."""
-
-    shared_bytes: int
-    sms: int
-    # (shared memory per block, opt-in maximum; SM count of the largest part) by compute
-    # capability, for building without a GPU
-    KNOWN = {(9, 0): (232448, 132), (8, 0): (166912, 108), (8, 6): (101376, 84), (8, 9): (101376, 128)}
-
-    @classmethod
-    def for_capability(cls, major: int, minor: int) -> "Limits":
-        """Limits of a compute capability from the known table."""
-        shared, sms = cls.KNOWN.get((major, minor), (101376, 80))
-        return cls(shared_bytes=shared, sms=sms)
-
-
 def acc_budget(num_warps: int) -> int:
     """Accumulator registers a thread may use at this many warps per program."""
     return min(MAX_ACC_REGS, REGS_PER_SM // (32 * num_warps) - RESERVED_REGS)
@@ -68,8 +49,8 @@ def shared_estimate(config: Config, element_bytes: int) -> int:
     return config["num_stages"] * config["UNROLL"] * tile
 
 
-def matmul_space(m: int, n: int, k: int, element_bytes: int, limits: Limits) -> Space:
-    """The space for an M x N x K contraction; constraints prune what cannot run or is redundant."""
+def matmul_space(m: int, n: int, k: int, element_bytes: int, limits: Limits, batch: int = 1) -> Space:
+    """The space for a (batch of) M x N x K contraction; constraints prune what cannot run or is redundant."""
     min_dim = 16  # tl.dot needs every tile dimension >= 16
 
     def shared(c: Config) -> str | None:
@@ -92,7 +73,7 @@ def matmul_space(m: int, n: int, k: int, element_bytes: int, limits: Limits) -> 
         if 2 * bm * bn > MAX_TILE:
             return None  # no feasible larger tile
         tiles_m, tiles_n = -(-m // bm), -(-n // bn)
-        enough = MIN_WAVES_TO_SHRINK * limits.sms
+        enough = -(-MIN_WAVES_TO_SHRINK * limits.sms // batch)  # programs per batch entry
         if 2 * bm <= 256 and -(-tiles_m // 2) * tiles_n >= enough:
             return "a tile twice as tall would still fill the GPU"
         if 2 * bn <= 256 and tiles_m * -(-tiles_n // 2) >= enough:

@@ -21,6 +21,23 @@ class Knob:
     values: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What the device allows a program (from the GPU, or a known table for offline builds)."""
+
+    shared_bytes: int
+    sms: int
+    # (shared memory per block, opt-in maximum; SM count of the largest part) by compute
+    # capability, for building without a GPU
+    KNOWN = {(9, 0): (232448, 132), (8, 0): (166912, 108), (8, 6): (101376, 84), (8, 9): (101376, 128)}
+
+    @classmethod
+    def for_capability(cls, major: int, minor: int) -> "Limits":
+        """Limits of a compute capability from the known table."""
+        shared, sms = cls.KNOWN.get((major, minor), (101376, 80))
+        return cls(shared_bytes=shared, sms=sms)
+
+
 class Space:
     """The product of knob values, pruned by constraints before anything is compiled.
 

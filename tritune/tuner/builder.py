@@ -13,8 +13,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from tritune.kernels.build import Problem, compile_kernel
-from tritune.kernels.expr import Matmul
+from tritune.kernels.family import family
 from tritune.records.result import Status
 from tritune.schedules.config import Config
 from tritune.tuner.failures import classify
@@ -31,11 +30,11 @@ class BuildResult:
     message: str = ""
 
 
-def build_one(expr: Matmul, config: Config, problem: Problem, target: Any, shared_limit: int) -> BuildResult:
+def build_one(expr: Any, config: Config, problem: Any, target: Any, shared_limit: int) -> BuildResult:
     """Compile one candidate and classify the outcome (runs in a pool worker)."""
     start = time.perf_counter()
     try:
-        compiled = compile_kernel(expr, config, problem, target)
+        compiled = family(expr.op).compile(expr, config, problem, target)
     except Exception as exc:  # noqa: BLE001 - any compiler failure is a result, not a crash
         status, _ = classify(exc, compiling=True)
         return BuildResult(config, status, time.perf_counter() - start, message=f"{type(exc).__name__}: {exc}"[:2000])
@@ -59,7 +58,7 @@ class Builder:
         # spawn: the parent may hold CUDA or thread state that a fork would copy
         return ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
 
-    def submit(self, expr: Matmul, problem: Problem, configs: Sequence[Config]) -> list[Future]:
+    def submit(self, expr: Any, problem: Any, configs: Sequence[Config]) -> list[Future]:
         """Start compiling each config; futures resolve to BuildResult."""
         return [self._pool.submit(build_one, expr, c, problem, self.target, self.shared_limit) for c in configs]
 

@@ -5,15 +5,16 @@ import json
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import click
 
-from tritune.kernels.expr import DTYPES, ExprError, Matmul, epilogue_from_dict
+from tritune.kernels.expr import DTYPES, ExprError
+from tritune.kernels.family import family, ops
 from tritune.records.database import Database, DatabaseError
 from tritune.search import REGISTRY
 from tritune.settings import SETTINGS
 
-OPS = ("matmul",)
 EXIT_USAGE, EXIT_NO_GPU = 2, 3
 
 
@@ -23,43 +24,10 @@ class UsageError(click.ClickException):
     exit_code = EXIT_USAGE
 
 
-def parse_shape(text: str) -> tuple[int, int, int, int]:
-    """'S' (square), 'M,N,K' or 'B,M,N,K' -> (batch, m, n, k)."""
+def make_expr(op: str, shape: str, dtype: str, **options: str | None) -> Any:
+    """Validate the workload options into an expression of the op's family (options left None are unset)."""
     try:
-        dims = [int(p) for p in text.replace("x", ",").split(",")]
-    except ValueError:
-        raise UsageError(f"bad --shape {text!r}: expected S, M,N,K or B,M,N,K of positive integers") from None
-    if len(dims) not in (1, 3, 4) or min(dims) < 1:
-        raise UsageError(f"bad --shape {text!r}: expected S, M,N,K or B,M,N,K of positive integers")
-    if len(dims) == 1:
-        dims = dims * 3
-    return tuple([1] * (4 - len(dims)) + dims)
-
-
-def parse_epilogue(text: str) -> tuple:
-    """'scale=0.5,bias,gelu_tanh' -> epilogue steps."""
-    steps = []
-    for item in filter(None, (p.strip() for p in text.split(","))):
-        name, _, arg = item.partition("=")
-        spec = {"op": name}
-        if name == "scale":
-            spec["alpha"] = float(arg or 1.0)
-        elif name == "gelu_tanh":
-            spec = {"op": "gelu", "approximate": "tanh"}
-        steps.append(epilogue_from_dict(spec))
-    return tuple(steps)
-
-
-def make_expr(op: str, shape: str, dtype: str, layout: str, epilogue: str) -> Matmul:
-    """Validate the workload options into an expression."""
-    if op not in OPS:
-        raise UsageError(f"unknown op {op!r}; known: {', '.join(OPS)}")
-    if layout not in ("nn", "nt", "tn", "tt"):
-        raise UsageError(f"bad --layout {layout!r}: one of nn, nt, tn, tt (t = operand stored transposed)")
-    batch, m, n, k = parse_shape(shape)
-    try:
-        return Matmul(m, n, k, batch=batch, dtype=dtype, trans_a=layout[0] == "t", trans_b=layout[1] == "t",
-                      epilogue=parse_epilogue(epilogue))
+        return family(op).from_cli(shape, dtype, {k: v for k, v in options.items() if v is not None})
     except (ExprError, ValueError) as exc:
         raise UsageError(str(exc)) from None
 
@@ -93,11 +61,15 @@ db_option = click.option("--db", "db_path", default=None, help=f"tuning database
 
 
 @cli.command()
-@click.option("--op", default="matmul", show_default=True, help=f"operator: {', '.join(OPS)}")
-@click.option("--shape", required=True, help="S (square), M,N,K or B,M,N,K")
+@click.option("--op", default="matmul", show_default=True, help=f"operator: {', '.join(ops())}")
+@click.option("--shape", required=True, help="matmul: S (square), M,N,K or B,M,N,K; bmm: B,M,N,K; "
+              "softmax/layernorm: M,N; conv2d: N,H,W,C,K,R,S")
 @click.option("--dtype", default="fp16", show_default=True, help=f"one of {', '.join(DTYPES)}")
-@click.option("--layout", default="nn", show_default=True, help="operand layouts: nn, nt, tn, tt")
-@click.option("--epilogue", default="", help="fused steps, e.g. 'scale=0.5,bias,relu' (bias, relu, gelu, gelu_tanh)")
+@click.option("--layout", default=None, help="matmul/bmm operand layouts: nn (default), nt, tn, tt")
+@click.option("--epilogue", default=None, help="fused steps, e.g. 'scale=0.5,bias,relu' (bias, relu, gelu, gelu_tanh)")
+@click.option("--stride", default=None, help="conv2d: S or SH,SW")
+@click.option("--padding", default=None, help="conv2d: P or PH,PW")
+@click.option("--dilation", default=None, help="conv2d: D or DH,DW")
 @click.option("--trials", default=128, show_default=True, type=click.IntRange(1), help="measurements in total for this workload")
 @click.option("--strategy", default="sa", show_default=True, help=f"one of {', '.join(sorted(REGISTRY))}")
 @click.option("--seed", default=0, show_default=True, type=int)
@@ -108,13 +80,14 @@ db_option = click.option("--db", "db_path", default=None, help=f"tuning database
 @click.option("--summary-json", default=None, type=click.Path(dir_okay=False), help="also write the final numbers here")
 @click.option("--inject-fault", "faults", multiple=True, type=click.Choice(["oob", "hang"]), hidden=True)
 @db_option
-def run(op, shape, dtype, layout, epilogue, trials, strategy, seed, batch_size, early_stop, timeout, workers,
-        summary_json, faults, db_path) -> None:
+def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, trials, strategy, seed, batch_size,
+        early_stop, timeout, workers, summary_json, faults, db_path) -> None:
     """Tune one workload on this GPU and store every trial."""
     from tritune.tuner.runner import WorkerDied
     from tritune.tuner.session import TuneOptions, tune
 
-    expr = make_expr(op, shape, dtype, layout, epilogue)
+    expr = make_expr(op, shape, dtype, layout=layout, epilogue=epilogue, stride=stride, padding=padding,
+                     dilation=dilation)
     if strategy not in REGISTRY:
         raise UsageError(f"unknown strategy {strategy!r}; known: {', '.join(sorted(REGISTRY))}")
     if Path(db_path or SETTINGS.db_path).exists():

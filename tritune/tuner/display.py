@@ -3,22 +3,23 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Sequence
+from typing import Any, Sequence
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from tritune.kernels.expr import Matmul
+from tritune.kernels.family import expr_from_dict, family
 from tritune.records.result import MeasureResult
 
 console = Console(stderr=True)
 out = Console()
 
 
-def tflops(expr: Matmul, ms: float | None) -> float:
-    """TFLOP/s of the expression at a time in milliseconds."""
-    return expr.flops / (ms * 1e-3) / 1e12 if ms else 0.0
+def rate(expr: Any, ms: float | None) -> str:
+    """Throughput of the expression at a time in ms, e.g. '612.3 TFLOP/s' or '2.81 TB/s'."""
+    value, unit = family(expr.op).rate(expr, ms)
+    return f"{value:.{1 if value >= 10 else 2}f} {unit}"
 
 
 def progress() -> Progress:
@@ -43,14 +44,14 @@ def status_line(results: Sequence[MeasureResult]) -> str:
     return f"{len(results)} trials: {parts}"
 
 
-def summary_table(expr: Matmul, best: MeasureResult, h2h: dict, gpu: str) -> Table:
+def summary_table(expr: Any, best: MeasureResult, h2h: dict, gpu: str) -> Table:
     """The final table of `tune-cli run`: best config against torch, measured in the same run."""
     table = Table(title=f"{expr.describe()} on {gpu}")
-    for col in ("", "median ms", "TFLOP/s", "vs torch"):
+    for col in ("", "median ms", "throughput", "vs torch"):
         table.add_column(col, justify="right" if col else "left")
     ours, theirs = h2h["ours_ms"], h2h["torch_ms"]
-    table.add_row("tritune best", f"{ours:.4f}", f"{tflops(expr, ours):.1f}", f"{theirs / ours:.3f}x")
-    table.add_row("torch (cuBLAS)", f"{theirs:.4f}", f"{tflops(expr, theirs):.1f}", "1.000x")
+    table.add_row("tritune best", f"{ours:.4f}", rate(expr, ours), f"{theirs / ours:.3f}x")
+    table.add_row(family(expr.op).baseline, f"{theirs:.4f}", rate(expr, theirs), "1.000x")
     table.caption = f"best config: {config_text(best)}"
     return table
 
@@ -58,13 +59,13 @@ def summary_table(expr: Matmul, best: MeasureResult, h2h: dict, gpu: str) -> Tab
 def best_table(rows: Sequence) -> Table:
     """`tune-cli best`: one row per workload and device."""
     table = Table(title="best stored configs")
-    for col in ("workload", "device", "trials", "median ms", "TFLOP/s", "config"):
+    for col in ("workload", "device", "trials", "median ms", "throughput", "config"):
         table.add_column(col)
     for row in rows:
-        expr = Matmul.from_dict(json.loads(row.workload_spec))
+        expr = expr_from_dict(json.loads(row.workload_spec))
         dev = f"{row.device.gpu} (triton {row.device.triton})"
         ms = row.result.t_median
-        table.add_row(expr.describe(), dev, str(row.n_trials), f"{ms:.4f}", f"{tflops(expr, ms):.1f}",
+        table.add_row(expr.describe(), dev, str(row.n_trials), f"{ms:.4f}", rate(expr, ms),
                       config_text(row.result))
     if not rows:
         table.caption = "no tuned workloads yet: run `tune-cli run --op matmul --shape 4096`"

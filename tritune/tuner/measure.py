@@ -10,16 +10,11 @@ from typing import Any, Callable
 
 import torch
 
-from tritune.kernels.build import Kernel, problem_of
-from tritune.kernels.expr import Matmul
+from tritune.kernels.family import family
 from tritune.records.result import Status
 from tritune.schedules.config import Config
 
-TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 QUANTILES = (0.0, 0.2, 0.5, 0.8)
-# Relative Frobenius error allowed per operand type: output rounding of fp16 is ~3e-4 and of
-# bf16 ~2e-3; tf32 rounds inputs to 10 mantissa bits, like fp16.
-TOLERANCE = {"fp16": 2e-3, "bf16": 1e-2, "tf32": 2e-3, "fp32": 1e-5}
 
 
 @dataclass(frozen=True)
@@ -30,44 +25,9 @@ class Timing:
     rep_ms: float = 100.0
 
 
-@dataclass
-class Inputs:
-    """Operands in the expression's layout, and an output buffer."""
-
-    a: torch.Tensor
-    b: torch.Tensor
-    c: torch.Tensor
-    bias: torch.Tensor | None
-
-
 def seed_for(seed: int, label: str) -> int:
     """A reproducible 63-bit seed for one candidate's inputs."""
     return int.from_bytes(hashlib.sha256(f"{seed}:{label}".encode()).digest()[:8], "little") >> 1
-
-
-def make_inputs(expr: Matmul, seed: int, device: str = "cuda") -> Inputs:
-    """Fresh random operands (never zeros: they hide unwritten outputs) and a NaN-poisoned output."""
-    gen = torch.Generator(device=device).manual_seed(seed)
-    dt = TORCH_DTYPES[expr.dtype]
-
-    def rand(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(dt)
-
-    bm, m, n, k = expr.batch, expr.m, expr.n, expr.k
-    a = rand(bm, k, m).transpose(1, 2) if expr.trans_a else rand(bm, m, k)
-    b = rand(bm, n, k).transpose(1, 2) if expr.trans_b else rand(bm, k, n)
-    bias = rand(n) if expr.has_bias else None
-    c = torch.full((bm, m, n), float("nan"), device=device, dtype=dt)
-    return Inputs(a, b, c, bias)
-
-
-def reference(expr: Matmul, x: Inputs) -> torch.Tensor:
-    """The expression in float64."""
-    out = torch.matmul(x.a.double(), x.b.double())
-    bias = None if x.bias is None else x.bias.double()
-    for step in expr.epilogue:
-        out = step.reference(out, bias)
-    return out
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -78,11 +38,6 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out - ref).norm() / ref.norm().clamp_min(1e-300))
 
 
-def tolerance(expr: Matmul) -> float:
-    """The error a correct kernel stays under for this dtype."""
-    return TOLERANCE["tf32" if expr.tf32 else expr.dtype]
-
-
 def time_fn(fn: Callable[[], Any], timing: Timing) -> tuple[float, ...]:
     """(min, p20, median, p80) in ms: warmed up, L2 flushed before each run, CUDA events."""
     from triton.testing import do_bench
@@ -91,41 +46,33 @@ def time_fn(fn: Callable[[], Any], timing: Timing) -> tuple[float, ...]:
                                             quantiles=list(QUANTILES)))
 
 
-def measure_candidate(expr: Matmul, config: Config, seed: int, timing: Timing) -> dict:
+def measure_candidate(expr: Any, config: Config, seed: int, timing: Timing) -> dict:
     """Build (a cache hit after the builder), check against float64, then time one candidate."""
-    x = make_inputs(expr, seed_for(seed, config.key))
-    kernel = Kernel(expr, config, problem_of(expr, x.a, x.b, x.c, x.bias))
-    kernel(x.a, x.b, x.c, x.bias)
+    fam = family(expr.op)
+    x = fam.inputs(expr, seed_for(seed, config.key), "cuda")
+    kernel = fam.kernel(expr, config, fam.problem_of(expr, x.args))
+    kernel(*x.args)
     torch.cuda.synchronize()
-    err = rel_error(x.c, reference(expr, x))
-    if not err <= tolerance(expr):
-        return {"status": Status.WRONG_ANSWER, "message": f"relative error {err:.3g} > {tolerance(expr):.1g}"}
-    times = time_fn(lambda: kernel(x.a, x.b, x.c, x.bias), timing)
+    err, tol = rel_error(x.out, fam.reference(expr, x.args)), fam.tolerance(expr)
+    if not err <= tol:
+        return {"status": Status.WRONG_ANSWER, "message": f"relative error {err:.3g} > {tol:.1g}"}
+    times = time_fn(lambda: kernel(*x.args), timing)
     return {"status": Status.OK, "times": times, "message": f"relative error {err:.2g}"}
 
 
-def torch_fn(expr: Matmul, x: Inputs) -> Callable[[], Any]:
-    """What a user would run in eager PyTorch for the same expression (cuBLAS for the product)."""
-    def run() -> Any:
-        out = torch.matmul(x.a, x.b, out=x.c)
-        for step in expr.epilogue:
-            out = step.reference(out, x.bias)
-        return out
-    return run
-
-
-def measure_torch(expr: Matmul, seed: int, timing: Timing) -> tuple[float, ...]:
+def measure_torch(expr: Any, seed: int, timing: Timing) -> tuple[float, ...]:
     """Time the eager PyTorch version of the expression."""
-    x = make_inputs(expr, seed_for(seed, "torch"))
-    return time_fn(torch_fn(expr, x), timing)
+    fam = family(expr.op)
+    return time_fn(fam.eager(expr, fam.inputs(expr, seed_for(seed, "torch"), "cuda")), timing)
 
 
-def head_to_head(expr: Matmul, config: Config, seed: int, timing: Timing, rounds: int = 3) -> dict:
+def head_to_head(expr: Any, config: Config, seed: int, timing: Timing, rounds: int = 3) -> dict:
     """Median times of the tuned kernel and of PyTorch, alternated on the same inputs."""
-    x = make_inputs(expr, seed_for(seed, "final"))
-    kernel = Kernel(expr, config, problem_of(expr, x.a, x.b, x.c, x.bias))
+    fam = family(expr.op)
+    x = fam.inputs(expr, seed_for(seed, "final"), "cuda")
+    kernel = fam.kernel(expr, config, fam.problem_of(expr, x.args))
     ours, theirs = [], []
     for _ in range(rounds):
-        ours.append(time_fn(lambda: kernel(x.a, x.b, x.c, x.bias), timing)[2])
-        theirs.append(time_fn(torch_fn(expr, x), timing)[2])
+        ours.append(time_fn(lambda: kernel(*x.args), timing)[2])
+        theirs.append(time_fn(fam.eager(expr, x), timing)[2])
     return {"ours_ms": sorted(ours)[rounds // 2], "torch_ms": sorted(theirs)[rounds // 2]}

@@ -9,12 +9,12 @@ import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
-from tritune.kernels.expr import Matmul
+from tritune.kernels.family import expr_from_dict
 from tritune.records.result import MeasureResult, Status
 from tritune.schedules.config import Config
-from tritune.schedules.matmul import Limits
+from tritune.schedules.space import Limits
 from tritune.tuner.builder import BuildResult
 
 
@@ -22,7 +22,7 @@ from tritune.tuner.builder import BuildResult
 class Recording:
     """One recorded space: workload, device facts, torch's time, and each config's outcome."""
 
-    expr: Matmul
+    expr: Any
     limits: Limits
     device: dict
     torch_ms: float
@@ -36,7 +36,7 @@ class Recording:
             meta = json.loads(fp.readline())["meta"]
             rows = {Config.of(r["config"]): r for r in map(json.loads, fp)}
         device = meta["device"]
-        return cls(Matmul.from_dict(meta["workload"]), Limits(device["shared_bytes"], device["sms"]), device,
+        return cls(expr_from_dict(meta["workload"]), Limits(device["shared_bytes"], device["sms"]), device,
                    meta["torch_ms"], rows)
 
     @property
@@ -66,7 +66,7 @@ class _Done:
 class RecordedBuilder:
     """Builds nothing: every config is handed to the recorded runner."""
 
-    def submit(self, expr: Matmul, problem: object, configs: Sequence[Config]) -> list[_Done]:
+    def submit(self, expr: Any, problem: object, configs: Sequence[Config]) -> list[_Done]:
         return [_Done(BuildResult(c, None, 0.0)) for c in configs]
 
     def result(self, future: _Done, config: Config) -> BuildResult:
@@ -80,6 +80,6 @@ class RecordedRunner:
         self.recording = recording
         self.measured: list[Config] = []
 
-    def measure(self, expr: Matmul, config: Config, compile_s: float = 0.0) -> MeasureResult:
+    def measure(self, expr: Any, config: Config, compile_s: float = 0.0) -> MeasureResult:
         self.measured.append(config)
         return self.recording.result(config)

@@ -9,7 +9,6 @@ import multiprocessing as mp
 import time
 from typing import Any, Callable
 
-from tritune.kernels.expr import Matmul
 from tritune.records.result import MeasureResult, Status
 from tritune.schedules.config import Config
 from tritune.tuner.failures import classify
@@ -133,7 +132,7 @@ class Runner:
         self._ensure()
         return self._info
 
-    def measure(self, expr: Matmul, config: Config, compile_s: float = 0.0) -> MeasureResult:
+    def measure(self, expr: Any, config: Config, compile_s: float = 0.0) -> MeasureResult:
         """Check and time one built candidate; failures come back as results, never raised."""
         try:
             status, data = self.request("measure", {"expr": expr, "config": config, "seed": self.seed})
@@ -145,11 +144,11 @@ class Runner:
         return MeasureResult(config, Status.OK, t_min, t_p20, t_median, t_p80, compile_s,
                              time.time(), data["message"])
 
-    def torch_time(self, expr: Matmul) -> tuple[float, ...]:
+    def torch_time(self, expr: Any) -> tuple[float, ...]:
         """(min, p20, median, p80) ms of the eager PyTorch version."""
         return self._checked("torch", {"expr": expr, "seed": self.seed})
 
-    def head_to_head(self, expr: Matmul, config: Config) -> dict:
+    def head_to_head(self, expr: Any, config: Config) -> dict:
         """Median ms of the tuned kernel and of PyTorch, alternated in one process."""
         return self._checked("head_to_head", {"expr": expr, "config": config, "seed": self.seed})
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
-from tritune.kernels.expr import Matmul
 from tritune.kernels.device import device_key
 from tritune.records.database import Database
-from tritune.schedules.matmul import Limits
+from tritune.schedules.space import Limits
 from tritune.search import make_strategy
 from tritune.tuner import display
 from tritune.tuner.builder import Builder
@@ -30,15 +30,15 @@ class TuneOptions:
     faults: tuple[str, ...] = ()
 
 
-def device_task(expr: Matmul, info: dict) -> Task:
+def device_task(expr: Any, info: dict) -> Task:
     """The task for an expression on the GPU the runner reported."""
     major, minor = (int(x) for x in info["capability"].split("."))
     known = Limits.for_capability(major, minor)
     limits = Limits(info["shared_bytes"] or known.shared_bytes, info["sms"] or known.sms)
-    return Task(expr, device_key(info), limits)
+    return Task(expr, device_key(info, expr.op), limits)
 
 
-def start_gpu(expr: Matmul, timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
+def start_gpu(expr: Any, timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
               workers: int | None = None) -> tuple[Runner, Task, Builder]:
     """Start the GPU worker, read its device, and start a compile pool for that device's target."""
     from triton.backends.compiler import GPUTarget
@@ -50,7 +50,7 @@ def start_gpu(expr: Matmul, timing: Timing = Timing(), timeout_s: float = 30.0, 
     return runner, task, Builder(GPUTarget("cuda", major * 10 + minor, 32), task.limits.shared_bytes, workers)
 
 
-def tune(expr: Matmul, db: Database, options: TuneOptions) -> dict:
+def tune(expr: Any, db: Database, options: TuneOptions) -> dict:
     """Tune `expr`, print progress and the final table, and return the summary numbers."""
     start = time.time()
     runner, task, builder = start_gpu(expr, timeout_s=options.timeout_s, seed=options.seed, workers=options.workers)
@@ -80,7 +80,7 @@ def _tune_loop(task: Task, strategy, builder, runner, db, options: TuneOptions) 
         def on_result(result) -> None:
             if result.ok and (state["best"] is None or result.t_median < state["best"]):
                 state["best"] = result.t_median
-            best = f"{display.tflops(expr, state['best']):.1f} TFLOP/s" if state["best"] else "-"
+            best = display.rate(expr, state["best"]) if state["best"] else "-"
             bar.update(job, advance=1, best=best)
 
         tuner = Tuner(task, strategy, builder, runner, db, options.batch_size, options.early_stop,
@@ -92,13 +92,13 @@ def _tune_loop(task: Task, strategy, builder, runner, db, options: TuneOptions) 
     return history
 
 
-def _summary(expr: Matmul, task: Task, history: list, best, h2h: dict, wall_s: float) -> dict:
+def _summary(expr: Any, task: Task, history: list, best, h2h: dict, wall_s: float) -> dict:
     return {
         "workload": expr.to_dict(), "device": task.device.__dict__, "trials": len(history),
         "statuses": {s: sum(r.status.value == s for r in history) for s in {r.status.value for r in history}},
         "best_config": dict(best.config), "best_median_ms": best.t_median,
         "final_ours_ms": h2h["ours_ms"], "final_torch_ms": h2h["torch_ms"],
-        "ours_tflops": display.tflops(expr, h2h["ours_ms"]), "torch_tflops": display.tflops(expr, h2h["torch_ms"]),
+        "ours_rate": display.rate(expr, h2h["ours_ms"]), "torch_rate": display.rate(expr, h2h["torch_ms"]),
         "ratio_vs_torch": h2h["torch_ms"] / h2h["ours_ms"], "wall_s": wall_s,
         "space_valid": len(task.space.valid_indices), "space_size": task.space.size,
     }

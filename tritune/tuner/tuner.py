@@ -4,17 +4,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from tritune.cost_model.features import features, training_set
-from tritune.kernels.build import canonical_problem
-from tritune.kernels.expr import DTYPE_BYTES, Matmul
+from tritune.kernels.family import Family, expr_from_dict, family, training_set
 from tritune.records.database import Database
 from tritune.records.result import DeviceKey, MeasureResult
 from tritune.schedules.config import Config
-from tritune.schedules.matmul import Limits, matmul_space
+from tritune.schedules.space import Limits
 from tritune.schedules.space import Space
 from tritune.search.base import Prior, Strategy
 from tritune.tuner.builder import Builder
@@ -25,19 +23,23 @@ from tritune.tuner.runner import Runner
 class Task:
     """What to tune (the expression) on which device."""
 
-    expr: Matmul
+    expr: Any
     device: DeviceKey
     limits: Limits
 
+    @property
+    def family(self) -> Family:
+        """The op family of the expression."""
+        return family(self.expr.op)
+
     def featurize(self, configs: Sequence[Config]) -> np.ndarray:
         """Cost-model features of configs of this task."""
-        return features(self.expr, self.limits, configs)
+        return self.family.features(self.expr, self.limits, configs)
 
     @cached_property
     def space(self) -> Space:
         """The schedule space of this task."""
-        e = self.expr
-        return matmul_space(e.m, e.n, e.k, DTYPE_BYTES[e.dtype], self.limits)
+        return self.family.space(self.expr, self.limits)
 
 
 def warm_start(db: Database, task: Task, min_trials: int = 8) -> Prior | None:
@@ -46,7 +48,7 @@ def warm_start(db: Database, task: Task, min_trials: int = 8) -> Prior | None:
     for group, (key, _, _, spec) in enumerate(db.workloads(task.expr.op)):
         results = db.trials(key, task.device) if key != task.expr.key else []
         if len(results) >= min_trials:
-            X, y = training_set(Matmul.from_dict(json.loads(spec)), task.limits, results)
+            X, y = training_set(expr_from_dict(json.loads(spec)), task.limits, results)
             parts.append((X, y, np.full(len(results), group)))
     if not parts:
         return None
@@ -91,7 +93,7 @@ class Tuner:
 
     def _measure(self, configs: list[Config]) -> list[MeasureResult]:
         expr = self.task.expr
-        futures = self.builder.submit(expr, canonical_problem(expr), configs)
+        futures = self.builder.submit(expr, self.task.family.canonical_problem(expr), configs)
         results = []
         for config, future in zip(configs, futures):  # measured in order while later ones compile
             built = self.builder.result(future, config)

@@ -1,0 +1,149 @@
+"""Op families: everything the tuner, runner and replay need to know about one op, by name.
+
+A family ties an expression type to its schedule space, cost-model features, codegen and launch,
+and its semantics (random operands, float64 reference, the eager PyTorch version, tolerance).
+A new op is one module defining a `Family` subclass plus one line in `REGISTRY`; families are
+imported lazily so that `import tritune` stays light.
+"""
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Sequence
+
+import numpy as np
+
+from tritune.kernels.codegen import files_hash
+from tritune.kernels.expr import ExprError
+from tritune.schedules.config import Config
+from tritune.schedules.space import Limits, Space
+
+# op name -> "module:attribute" of its Family instance
+REGISTRY = {
+    "matmul": "tritune.kernels.contraction:MATMUL",
+    "bmm": "tritune.kernels.contraction:BMM",
+}
+
+
+@dataclass
+class Operands:
+    """The arguments of one launch, in kernel order, and which of them is the output."""
+
+    args: tuple
+    out: Any
+
+
+class Family(ABC):
+    """One op: expression type, space, features, build, launch, and semantics."""
+
+    op: ClassVar[str]
+    baseline: ClassVar[str] = "torch"  # how the eager comparison is labelled in tables
+    # files of tritune/kernels that shape this family's binaries: their hash is part of the device
+    # key, so editing any of them retires stored records (conservative by design)
+    sources: ClassVar[tuple[str, ...]] = ()
+
+    def template_hash(self) -> str:
+        """Hash of the sources of this family's kernels (and the shared codegen)."""
+        here = Path(__file__).parent
+        return files_hash(*(here / name for name in ("codegen.py", "expr.py", *self.sources)))
+
+    # ----- expressions
+    @abstractmethod
+    def from_dict(self, spec: dict) -> Any:
+        """The expression of a stored workload spec (raises ExprError if it is not one)."""
+
+    @abstractmethod
+    def from_cli(self, shape: str, dtype: str, options: dict[str, str]) -> Any:
+        """The expression of `tune-cli run --op OP --shape ... --dtype ...` and op-specific options.
+
+        `options` holds only the options the user set; an option the op does not take is an
+        ExprError naming it, never silently ignored.
+        """
+
+    @property
+    @abstractmethod
+    def cli_help(self) -> str:
+        """One line: the --shape format and the options this op takes."""
+
+    def rate(self, expr: Any, ms: float | None) -> tuple[float, str]:
+        """Throughput at a time in ms, as (value, unit): TFLOP/s for compute-bound ops."""
+        return (expr.flops / (ms * 1e-3) / 1e12 if ms else 0.0), "TFLOP/s"
+
+    # ----- schedules and cost model
+    @abstractmethod
+    def space(self, expr: Any, limits: Limits) -> Space:
+        """The schedule space of an expression on a device."""
+
+    @abstractmethod
+    def features(self, expr: Any, limits: Limits, configs: Sequence[Config]) -> np.ndarray:
+        """Cost-model feature rows, one per config."""
+
+    @abstractmethod
+    def default_config(self, expr: Any) -> Config:
+        """A config that is valid for any expression of the op (replay's last resort)."""
+
+    # ----- build and launch
+    @abstractmethod
+    def canonical_problem(self, expr: Any) -> Any:
+        """The launch facts (ints, alignment) of freshly allocated operands: what the builder builds for."""
+
+    @abstractmethod
+    def problem_of(self, expr: Any, args: tuple) -> Any:
+        """The launch facts of concrete tensors (in kernel argument order)."""
+
+    @abstractmethod
+    def compile(self, expr: Any, config: Config, problem: Any, target: Any) -> Any:
+        """Compile one candidate for a target without a GPU; returns Triton's CompiledKernel."""
+
+    @abstractmethod
+    def kernel(self, expr: Any, config: Config, problem: Any) -> Callable[..., None]:
+        """A launcher bound to one problem: call it with the operands' args to run once."""
+
+    # ----- semantics (run in the GPU worker, or on CPU under the interpreter)
+    @abstractmethod
+    def inputs(self, expr: Any, seed: int, device: str) -> Operands:
+        """Fresh random operands (never zeros) and a NaN-poisoned output."""
+
+    @abstractmethod
+    def reference(self, expr: Any, args: tuple) -> Any:
+        """The expected output in float64."""
+
+    @abstractmethod
+    def eager(self, expr: Any, x: Operands) -> Callable[[], Any]:
+        """What a user would run in eager PyTorch for the same expression."""
+
+    @abstractmethod
+    def tolerance(self, expr: Any) -> float:
+        """Relative Frobenius error a correct kernel stays under."""
+
+
+def ops() -> tuple[str, ...]:
+    """Names of every registered op."""
+    return tuple(REGISTRY)
+
+
+_loaded: dict[str, Family] = {}
+
+
+def family(op: str) -> Family:
+    """The family of an op name (ExprError for an unknown one)."""
+    if op not in REGISTRY:
+        raise ExprError(f"unknown op {op!r}; known: {', '.join(REGISTRY)}")
+    if op not in _loaded:
+        module, attr = REGISTRY[op].split(":")
+        _loaded[op] = getattr(importlib.import_module(module), attr)
+    return _loaded[op]
+
+
+def expr_from_dict(spec: dict) -> Any:
+    """The expression of any stored workload spec, dispatched on its 'op'."""
+    return family(spec.get("op", "")).from_dict(spec)
+
+
+def training_set(expr: Any, limits: Limits, results: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Feature rows and labels (see cost_model.features.labels) of one workload's measured results."""
+    from tritune.cost_model.features import labels
+
+    return family(expr.op).features(expr, limits, [r.config for r in results]), labels(results)
