@@ -198,3 +198,33 @@ class Matmul:
         lay = ("T" if self.trans_a else "N") + ("T" if self.trans_b else "N")
         epi = "+" + "+".join(e.name for e in self.epilogue) if self.epilogue else ""
         return f"matmul {b}{self.m}x{self.n}x{self.k} {self.dtype} {lay}{epi}"
+
+
+# ----- helpers shared by every expression type (Matmul predates them and keeps its own copies)
+
+class Keyed:
+    """Canonical JSON form and key of an expression, both derived from its `to_dict()`."""
+
+    def to_dict(self) -> dict:
+        raise NotImplementedError
+
+    def to_json(self) -> str:
+        """Canonical JSON form; the workload key derives from it."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def key(self) -> str:
+        """A short stable hash of the canonical JSON form."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+
+def check_fields(expr: Any, dims: tuple[str, ...]) -> None:
+    """ExprError unless the named fields are positive ints, `dtype` is known and `epilogue` has at most one bias."""
+    for name in dims:
+        value = getattr(expr, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ExprError(f"{name} must be a positive integer, got {value!r}")
+    if expr.dtype not in DTYPES:
+        raise ExprError(f"unknown dtype {expr.dtype!r}; choose one of {', '.join(DTYPES)}")
+    if sum(e.needs_bias for e in expr.epilogue) > 1:
+        raise ExprError("at most one bias add per epilogue")

@@ -24,6 +24,7 @@ from tritune.schedules.space import Limits, Space
 REGISTRY = {
     "matmul": "tritune.kernels.contraction:MATMUL",
     "bmm": "tritune.kernels.contraction:BMM",
+    "conv2d": "tritune.kernels.conv_family:CONV2D",
 }
 
 

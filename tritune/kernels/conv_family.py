@@ -1,0 +1,162 @@
+"""The conv2d family: NHWC convolution as an implicit GEMM, tuned in the matmul space of its GEMM view."""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from tritune.kernels import conv_template
+from tritune.kernels.contraction import TOLERANCE, check_options, parse_dims, parse_epilogue, torch_dtype
+from tritune.kernels.conv import AWKWARD, Conv2d  # noqa: F401  (AWKWARD: for generic GPU checks)
+from tritune.kernels.expr import DTYPE_BYTES, DTYPES, ExprError
+from tritune.kernels.family import Family, Operands
+from tritune.schedules.config import Config
+from tritune.schedules.space import Knob, Limits, Space
+
+# Knobs the conv template reads; any other knob of the matmul space is pinned to its first value.
+KNOBS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "UNROLL")
+EXTRA_FEATURES = ("rs_outer", "log2_c", "taps", "k_trips_conv", "waste_k_conv", "input_reuse")
+MIN_K_STEP = 16  # tl.dot's smallest K
+
+
+def parse_pair(text: str, name: str) -> tuple[int, int]:
+    """'2' or '2,1' (h,w) -> a pair of ints (range checks are the expression's)."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if len(values) not in (1, 2):
+        raise ExprError(f"bad --{name} {text!r}: expected one integer or two (h,w)")
+    return (values[0], values[-1])
+
+
+class Conv2dFamily(Family):
+    """y = epilogue(conv2d(x, w)) with x NHWC, w KRSC, y NHWC; fp16/bf16/fp32 (tf32)."""
+
+    op = "conv2d"
+    baseline = "torch (cuDNN, channels_last)"
+    sources = ("conv.py", "conv_template.py")
+
+    def from_dict(self, spec: dict) -> Conv2d:
+        return Conv2d.from_dict(spec)
+
+    @property
+    def cli_help(self) -> str:
+        return ("--shape N,H,W,C,K,R,S (or N,H,W,C,K,R for a square filter); --stride, --padding, "
+                "--dilation: h or h,w; --epilogue scale=A,bias,relu,gelu,gelu_tanh (bias over K)")
+
+    def from_cli(self, shape: str, dtype: str, options: dict[str, str]) -> Conv2d:
+        check_options(options, ("stride", "padding", "dilation", "epilogue"), self.op)
+        dims = parse_dims(shape, (6, 7), "N,H,W,C,K,R,S")
+        n, h, w, c, k, r = dims[:6]
+        if dtype not in DTYPES:
+            raise ExprError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+        geometry = {name: parse_pair(options[name], name) for name in ("stride", "padding", "dilation")
+                    if name in options}
+        return Conv2d(n, h, w, c, k, r, dims[-1], dtype=dtype, **geometry,
+                      epilogue=parse_epilogue(options.get("epilogue", "")))
+
+    # ----- schedules and cost model
+    def space(self, expr: Conv2d, limits: Limits) -> Space:
+        """The matmul space of the GEMM view, plus: where C is a multiple of 16, K steps divide C."""
+        from tritune.schedules.matmul import matmul_space
+
+        view = expr.as_matmul()
+        base = matmul_space(view.m, view.n, view.k, DTYPE_BYTES[expr.dtype], limits, batch=view.batch)
+        knobs = tuple(k if k.name in KNOBS else Knob(k.name, k.values[:1]) for k in base.knobs)
+
+        def k_step_divides_c(c: Config) -> str | None:
+            # a step past C turns contiguous channel loads into a gather; only worth it when no
+            # step divides C anyway
+            if expr.c % MIN_K_STEP == 0 and expr.c % c["BLOCK_K"]:
+                return f"BLOCK_K={c['BLOCK_K']} does not divide C={expr.c} (the loads would gather)"
+            return None
+        return Space(knobs, (k_step_divides_c, *base.constraints))
+
+    def features(self, expr: Conv2d, limits: Limits, configs: Sequence[Config]) -> np.ndarray:
+        """The matmul features of the GEMM view, then conv extras (EXTRA_FEATURES)."""
+        from tritune.cost_model.features import features
+
+        return np.hstack([features(expr.as_matmul(), limits, configs), _extras(expr, configs)])
+
+    def default_config(self, expr: Conv2d) -> Config:
+        return Config.of(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32 if expr.c % 32 == 0 else 16, GROUP_M=8,
+                         num_warps=4, num_stages=3, UNROLL=1)
+
+    # ----- build and launch
+    def canonical_problem(self, expr: Conv2d) -> conv_template.Problem:
+        return conv_template.canonical_problem(expr)
+
+    def problem_of(self, expr: Conv2d, args: tuple) -> conv_template.Problem:
+        return conv_template.problem_of(expr, *args)
+
+    def compile(self, expr: Conv2d, config: Config, problem: conv_template.Problem, target: Any) -> Any:
+        return conv_template.binary(expr, config, problem).compile(target)
+
+    def kernel(self, expr: Conv2d, config: Config, problem: conv_template.Problem) -> Callable[..., None]:
+        return conv_template.launcher(expr, config, problem)
+
+    # ----- semantics
+    def inputs(self, expr: Conv2d, seed: int, device: str) -> Operands:
+        import torch
+
+        gen = torch.Generator(device=device).manual_seed(seed)
+
+        def rand(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=gen, device=device).to(torch_dtype(expr.dtype))
+
+        x, f = rand(expr.n, expr.h, expr.w, expr.c), rand(expr.k, expr.r, expr.s, expr.c)
+        y = torch.full((expr.n, expr.p, expr.q, expr.k), float("nan"), device=device,
+                       dtype=torch_dtype(expr.dtype))
+        return Operands((x, f, y, rand(expr.k)) if expr.has_bias else (x, f, y), y)
+
+    def reference(self, expr: Conv2d, args: tuple) -> Any:
+        import torch.nn.functional as F
+
+        x, f = (t.double().permute(0, 3, 1, 2) for t in args[:2])  # NCHW / KCRS views
+        out = F.conv2d(x, f, None, expr.stride, expr.padding, expr.dilation).permute(0, 2, 3, 1)
+        bias = args[3].double() if expr.has_bias else None
+        for step in expr.epilogue:
+            out = step.reference(out, bias)
+        return out
+
+    def eager(self, expr: Conv2d, x: Operands) -> Callable[[], Any]:
+        """F.conv2d on channels_last views of the same bytes; a leading bias goes into the conv."""
+        import torch
+        import torch.nn.functional as F
+
+        inp, weight = (t.permute(0, 3, 1, 2) for t in x.args[:2])  # channels_last NCHW / KCRS views
+        bias = x.args[3] if expr.has_bias else None
+        steps = list(expr.epilogue)
+        fused = bias if steps and steps[0].needs_bias else None
+        rest = steps[1:] if fused is not None else steps
+        if expr.dtype == "fp32" and x.out.is_cuda:
+            torch.backends.cudnn.allow_tf32 = expr.tf32  # this worker's cuDNN must match the workload
+
+        def run() -> Any:
+            out = F.conv2d(inp, weight, fused, expr.stride, expr.padding, expr.dilation).permute(0, 2, 3, 1)
+            for step in rest:
+                out = step.reference(out, bias)
+            return out
+        return run
+
+    def tolerance(self, expr: Conv2d) -> float:
+        # relative Frobenius error with fp32 accumulation does not grow with the reduction length;
+        # output rounding (fp16, bf16) or input rounding (tf32) sets it, as for matmul
+        return TOLERANCE["tf32" if expr.tf32 else expr.dtype]
+
+
+def _extras(expr: Conv2d, configs: Sequence[Config]) -> np.ndarray:
+    """Conv features: the loop mode, channels, taps, its real K trips and wasted K, input reuse."""
+    rows = []
+    taps, reduction = expr.r * expr.s, expr.gemm[2]
+    reuse = taps / (expr.stride[0] * expr.stride[1])  # how often each input pixel is read per filter
+    for config in configs:
+        bk = config["BLOCK_K"]
+        outer = conv_template.rs_outer(expr, config)
+        trips = taps * (expr.c // bk) if outer else -(-reduction // bk)
+        rows.append([outer, np.log2(expr.c), taps, np.log2(trips), 1 - reduction / (trips * bk), reuse])
+    return np.array(rows, dtype=np.float32).reshape(len(configs), len(EXTRA_FEATURES))
+
+
+CONV2D = Conv2dFamily()
