@@ -65,13 +65,19 @@ class Conv2dFamily(Family):
         base = matmul_space(view.m, view.n, view.k, DTYPE_BYTES[expr.dtype], limits, batch=view.batch)
         knobs = tuple(k if k.name in KNOBS else Knob(k.name, k.values[:1]) for k in base.knobs)
 
-        def k_step_divides_c(c: Config) -> str | None:
+        stages = dict((k.name, k.values) for k in knobs)["num_stages"]
+
+        def conv_only(c: Config) -> str | None:
             # a step past C turns contiguous channel loads into a gather; only worth it when no
             # step divides C anyway
             if expr.c % MIN_K_STEP == 0 and expr.c % c["BLOCK_K"]:
                 return f"BLOCK_K={c['BLOCK_K']} does not divide C={expr.c} (the loads would gather)"
+            # Triton copies asynchronously (and so pipelines) only runs of >= 4 bytes: a gather of
+            # lone 2-byte channels (odd C) builds the same binary at any stage count
+            if DTYPE_BYTES[expr.dtype] == 2 and expr.c % 2 and c["num_stages"] != stages[0]:
+                return "odd C in 2-byte types: loads are not pipelined, more stages change nothing"
             return None
-        return Space(knobs, (k_step_divides_c, *base.constraints))
+        return Space(knobs, (conv_only, *base.constraints))
 
     def features(self, expr: Conv2d, limits: Limits, configs: Sequence[Config]) -> np.ndarray:
         """The matmul features of the GEMM view, then conv extras (EXTRA_FEATURES)."""
