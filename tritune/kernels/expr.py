@@ -219,12 +219,12 @@ class Keyed:
 
 
 def check_fields(expr: Any, dims: tuple[str, ...]) -> None:
-    """ExprError unless the named fields are positive ints, `dtype` is known and `epilogue` has at most one bias."""
+    """ExprError unless the named fields are positive ints, `dtype` is known, any `epilogue` has one bias at most."""
     for name in dims:
         value = getattr(expr, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ExprError(f"{name} must be a positive integer, got {value!r}")
     if expr.dtype not in DTYPES:
         raise ExprError(f"unknown dtype {expr.dtype!r}; choose one of {', '.join(DTYPES)}")
-    if sum(e.needs_bias for e in expr.epilogue) > 1:
+    if sum(e.needs_bias for e in getattr(expr, "epilogue", ())) > 1:
         raise ExprError("at most one bias add per epilogue")
