@@ -1,0 +1,147 @@
+"""conv2d on a GPU: tune ResNet-like layers, then time the best tuned kernel against torch (cuDNN,
+channels_last) on the same inputs, in one run; prints a compact table last and writes JSON.
+
+Usage: python scripts/conv_bench.py [--trials 48] [--dtype fp16] [--layers 0,1,..] [--out DIR]
+
+Tuning uses the GPU worker and compile pool of the tuner (fresh database in --out, `sa` search
+warm-started from the layers tuned before). The final comparison runs in this process: each round
+times ours, cuDNN with its default heuristics and cuDNN with `cudnn.benchmark=True` (its own
+autotuning) alternately on the same tensors with triton.testing.do_bench; medians of the rounds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from tritune.kernels.conv import Conv2d
+from tritune.kernels.family import family
+from tritune.records.database import Database
+from tritune.schedules.config import Config
+from tritune.search import make_strategy
+from tritune.tuner.measure import rel_error
+from tritune.tuner.session import device_task, start_gpu
+from tritune.tuner.tuner import Tuner, best_of, warm_start
+
+# (name, N, H, W, C, K, R, S, stride, padding): ResNet-50-like layers at batch 32
+LAYERS = (
+    ("conv2_3x3", 32, 56, 56, 64, 64, 3, 3, 1, 1),
+    ("conv3_3x3", 32, 28, 28, 128, 128, 3, 3, 1, 1),
+    ("conv4_3x3", 32, 14, 14, 256, 256, 3, 3, 1, 1),
+    ("conv2_1x1", 32, 56, 56, 256, 64, 1, 1, 1, 0),
+    ("stem_7x7", 32, 224, 224, 3, 64, 7, 7, 2, 3),
+)
+
+
+def tune_all(exprs: list[Conv2d], db: Database, trials: int, seed: int) -> list[dict]:
+    """Tune each expression with one GPU worker and one compile pool; the best config of each."""
+    runner, _, builder = start_gpu(exprs[0], seed=seed)
+    out = []
+    with runner:
+        try:
+            for expr in exprs:
+                out.append(tune_one(expr, db, trials, seed, runner, builder))
+        finally:
+            builder.close()
+    return out
+
+
+def tune_one(expr: Conv2d, db: Database, trials: int, seed: int, runner, builder) -> dict:
+    """One layer's search: its statuses, best config and wall time (None when nothing ran)."""
+    start = time.time()
+    task = device_task(expr, runner.device_info())
+    valid = len(task.space.valid_indices)
+    print(f"tuning {expr.describe()}: {valid} valid configs", flush=True)
+    if not valid:
+        return {"valid": 0, "trials": 0, "best": None, "tune_s": 0.0, "statuses": {}}
+    strategy = make_strategy("sa", task.space, seed=seed, features=task.featurize, prior=warm_start(db, task))
+    history = Tuner(task, strategy, builder, runner, db, batch_size=16).run(trials)
+    best = best_of(history)
+    statuses = {}
+    for r in history:
+        statuses[r.status.value] = statuses.get(r.status.value, 0) + 1
+    print(f"  {len(history)} trials in {time.time() - start:.1f} s: {statuses}; best "
+          f"{best.t_median if best else float('nan'):.4f} ms {dict(best.config) if best else ''}", flush=True)
+    return {"valid": valid, "trials": len(history), "statuses": statuses, "tune_s": time.time() - start,
+            "best": dict(best.config) if best else None, "best_tuning_ms": best.t_median if best else None}
+
+
+def compare(expr: Conv2d, config: dict, rounds: int = 5) -> dict:
+    """Check the tuned kernel, then median times of it and of cuDNN (default, benchmark) alternated."""
+    from triton.testing import do_bench
+
+    fam = family(expr.op)
+    x = fam.inputs(expr, seed=1234, device="cuda")
+    kernel = fam.kernel(expr, Config.of(config), fam.problem_of(expr, x.args))
+    kernel(*x.args)
+    torch.cuda.synchronize()
+    err = rel_error(x.out, fam.reference(expr, x.args))
+    eager = fam.eager(expr, x)
+    torch.backends.cudnn.benchmark = True
+    eager()  # cuDNN's own search runs on the first call: keep it out of the timings
+    times: dict[str, list[float]] = {"ours": [], "cudnn": [], "cudnn_bench": []}
+    for _ in range(rounds):
+        for name, fn in (("ours", lambda: kernel(*x.args)), ("cudnn", eager), ("cudnn_bench", eager)):
+            torch.backends.cudnn.benchmark = name == "cudnn_bench"
+            times[name].append(do_bench(fn, warmup=25, rep=100))
+    torch.backends.cudnn.benchmark = False
+    ms = {k: statistics.median(v) for k, v in times.items()}
+    return {"rel_error": err, "tolerance": fam.tolerance(expr), **{f"{k}_ms": v for k, v in ms.items()},
+            "ratio_vs_cudnn": ms["cudnn"] / ms["ours"], "ratio_vs_cudnn_bench": ms["cudnn_bench"] / ms["ours"],
+            "ours_tflops": expr.flops / ms["ours"] / 1e9, "cudnn_tflops": expr.flops / ms["cudnn"] / 1e9}
+
+
+def table(rows: list[dict]) -> str:
+    """The compact final table (times in ms, ratios = cuDNN time / ours: above 1 means faster)."""
+    head = f"{'layer':11s} {'gemm MxNxK':>20s} {'trials':>6s} {'ours':>8s} {'cuDNN':>8s} {'cuDNN-b':>8s} " \
+           f"{'x cuDNN':>7s} {'x cuDNN-b':>9s} {'TFLOP/s':>7s} {'err':>8s}  best config"
+    lines = [head]
+    for r in rows:
+        gemm = "x".join(map(str, r["gemm"]))
+        if r["best"] is None:
+            lines.append(f"{r['name']:11s} {gemm:>20s} {r['trials']:6d}  no correct candidate ({r['valid']} valid)")
+            continue
+        c = r["best"]
+        cfg = f"{c['BLOCK_M']}x{c['BLOCK_N']}x{c['BLOCK_K']} g{c['GROUP_M']} w{c['num_warps']} s{c['num_stages']} u{c['UNROLL']}"
+        lines.append(f"{r['name']:11s} {gemm:>20s} {r['trials']:6d} {r['ours_ms']:8.4f} {r['cudnn_ms']:8.4f} "
+                     f"{r['cudnn_bench_ms']:8.4f} {r['ratio_vs_cudnn']:7.3f} {r['ratio_vs_cudnn_bench']:9.3f} "
+                     f"{r['ours_tflops']:7.1f} {r['rel_error']:8.1e}  {cfg}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trials", type=int, default=48)
+    p.add_argument("--dtype", default="fp16")
+    p.add_argument("--layers", default=None, help="comma-separated indices into LAYERS (default: all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="conv-bench")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    picked = [LAYERS[int(i)] for i in args.layers.split(",")] if args.layers else list(LAYERS)
+    exprs = [Conv2d(*layer[1:8], stride=layer[8], padding=layer[9], dtype=args.dtype) for layer in picked]
+    db_path = out / "conv.db"
+    for stale in out.glob("conv.db*"):
+        stale.unlink()  # a fresh database: a rerun must tune, not resume
+    start = time.time()
+    tuned = tune_all(exprs, Database(db_path), args.trials, args.seed)
+    rows = []
+    for layer, expr, t in zip(picked, exprs, tuned):
+        row = {"name": layer[0], "workload": expr.to_dict(), "describe": expr.describe(), "gemm": expr.gemm, **t}
+        if t["best"] is not None:
+            row.update(compare(expr, t["best"]))
+        rows.append(row)
+    info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+            "triton": __import__("triton").__version__, "trials": args.trials, "wall_s": time.time() - start}
+    (out / "conv_bench.json").write_text(json.dumps({"device": info, "rows": rows}, indent=1))
+    print(json.dumps(info))
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
