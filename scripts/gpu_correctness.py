@@ -1,44 +1,70 @@
-"""Compiled kernels against a float64 reference on the GPU: every dtype (bf16 included, which the
-interpreter computes wrongly), awkward shapes, layouts, batch and every epilogue.
+"""Compiled kernels of every op family against a float64 reference on the GPU: every dtype (bf16
+included, which the interpreter computes wrongly), awkward shapes, layouts, batch, every epilogue,
+and every knob of the contraction template (split-K, TMA loads, persistent loop).
 
-Usage: python scripts/gpu_correctness.py [--out results.json]
+Families other than matmul contribute their module's AWKWARD expressions, each run with a few
+seeded random configs of its space.
+
+Usage: python scripts/gpu_correctness.py [--out results.json] [--per-expr 3]
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import itertools
 import json
 import sys
 
+import numpy as np
 import torch
 
 from triton.backends.compiler import GPUTarget
 
-from tritune.kernels.build import Kernel, canonical_problem, problem_of
 from tritune.kernels.expr import BiasAdd, Gelu, Matmul, Relu, Scale
+from tritune.kernels.family import REGISTRY, family
 from tritune.schedules.config import Config
+from tritune.schedules.space import Limits
 from tritune.tuner.builder import Builder
-from tritune.tuner.measure import make_inputs, reference, rel_error, tolerance
+from tritune.tuner.measure import rel_error
 
 SHAPES = [(1, 1, 4096, 4096), (1, 37, 29, 53), (3, 129, 257, 67), (2, 1000, 1, 300), (1, 3000, 5000, 1000)]
 EPILOGUES = [(), (BiasAdd(),), (Scale(0.125),), (Relu(),), (Gelu(),), (Gelu("tanh"),),
              (Scale(0.5), BiasAdd(), Gelu("tanh"))]
-CONFIGS = [
-    Config.of(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, UNROLL=1),
-    Config.of(BLOCK_M=16, BLOCK_N=64, BLOCK_K=32, GROUP_M=1, num_warps=4, num_stages=4, UNROLL=2),
-]
+TILE = Config.of(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, UNROLL=1)
+SMALL = Config.of(BLOCK_M=16, BLOCK_N=64, BLOCK_K=32, GROUP_M=1, num_warps=4, num_stages=4, UNROLL=2)
+KNOBS = [dict(SPLIT_K=4), dict(TMA=1), dict(TMA=1, PERSISTENT=1), dict(PERSISTENT=1), dict(TMA=1, SPLIT_K=3)]
 
 
-def cases() -> list:
-    """(expr, config) pairs: every shape x dtype (layouts rotating), every epilogue x dtype."""
+def matmul_cases() -> list:
+    """Every shape x dtype (layouts rotating), every epilogue x dtype, every knob x epilogue."""
     out = []
     layouts = itertools.cycle(("nn", "tn", "nt", "tt"))
     for (b, m, n, k), dtype in itertools.product(SHAPES, ("fp16", "bf16", "fp32")):
         lay = next(layouts)
-        out.append((Matmul(m, n, k, batch=b, dtype=dtype, trans_a=lay[0] == "t", trans_b=lay[1] == "t"), CONFIGS[0]))
-    configs = itertools.cycle(CONFIGS)
+        out.append((Matmul(m, n, k, batch=b, dtype=dtype, trans_a=lay[0] == "t", trans_b=lay[1] == "t"), TILE))
+    configs = itertools.cycle((TILE, SMALL))
     for epi, dtype in itertools.product(EPILOGUES, ("fp16", "bf16", "fp32")):
         out.append((Matmul(77, 95, 130, batch=2, dtype=dtype, epilogue=epi), next(configs)))
+    # 16-byte aligned rows (TMA's condition) with partial edge tiles everywhere
+    for knobs, epi, dtype in zip(itertools.cycle(KNOBS), EPILOGUES * 2, ("fp16", "bf16", "fp32") * 5):
+        lay = next(layouts)
+        batch = 1 if "PERSISTENT" in knobs else 2
+        expr = Matmul(1000, 520, 1576, batch=batch, dtype=dtype, trans_a=lay[0] == "t", trans_b=lay[1] == "t",
+                      epilogue=epi)
+        out.append((expr, TILE.replace(**knobs) if "PERSISTENT" in knobs else SMALL.replace(UNROLL=1, **knobs)))
+    return out
+
+
+def family_cases(limits: Limits, per_expr: int) -> list:
+    """AWKWARD expressions of every other family, each with seeded random configs of its space."""
+    out = []
+    for op, where in REGISTRY.items():
+        fam = family(op)
+        if op in ("matmul", "bmm"):
+            continue
+        awkward = getattr(importlib.import_module(where.split(":")[0]), "AWKWARD", ())
+        for i, expr in enumerate(awkward):
+            out += [(expr, c) for c in fam.space(expr, limits).sample(np.random.default_rng(i), per_expr)]
     return out
 
 
@@ -46,37 +72,50 @@ def precompile(pairs: list) -> None:
     """Compile every case in parallel first (fills Triton's cache; the checks then load binaries)."""
     major, minor = torch.cuda.get_device_capability()
     builder = Builder(GPUTarget("cuda", major * 10 + minor, 32))
-    futures = [(c, builder.submit(e, canonical_problem(e), [c])[0]) for e, c in pairs]
+    futures = [(c, builder.submit(e, family(e.op).canonical_problem(e), [c])[0]) for e, c in pairs]
     failed = [r for r in (builder.result(f, c) for c, f in futures) if r.status is not None]
     builder.close()
     for r in failed:
         print(f"build failed: {r.config} {r.message[:300]}")
 
 
+def check(expr, config: Config, seed: int) -> dict:
+    """Run one case once and compare with float64."""
+    fam = family(expr.op)
+    x = fam.inputs(expr, seed, "cuda")
+    fam.kernel(expr, config, fam.problem_of(expr, x.args))(*x.args)
+    torch.cuda.synchronize()
+    err = rel_error(x.out, fam.reference(expr, x.args))
+    knobs = " ".join(f"{k}={v}" for k, v in config.items() if k not in ("GROUP_M", "num_stages"))
+    return {"case": expr.describe(), "dtype": expr.dtype, "config": knobs, "rel_error": err,
+            "tolerance": fam.tolerance(expr), "ok": err <= fam.tolerance(expr)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--per-expr", type=int, default=3)
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    rows, failures = [], 0
-    pairs = cases()
+    props = torch.cuda.get_device_properties(0)
+    limits = Limits(props.shared_memory_per_block_optin, props.multi_processor_count)
+    pairs = matmul_cases() + family_cases(limits, args.per_expr)
     precompile(pairs)
+    rows = []
     for i, (expr, config) in enumerate(pairs):
-        x = make_inputs(expr, seed=i)
-        Kernel(expr, config, problem_of(expr, x.a, x.b, x.c, x.bias))(x.a, x.b, x.c, x.bias)
-        torch.cuda.synchronize()
-        err = rel_error(x.c, reference(expr, x))
-        ok = err <= tolerance(expr)
-        failures += not ok
-        rows.append({"case": expr.describe(), "block": f"{config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']}",
-                     "rel_error": err, "tolerance": tolerance(expr), "ok": ok})
-        print(f"{'ok  ' if ok else 'FAIL'} {expr.describe():48s} {rows[-1]['block']:12s} err {err:.2e}", flush=True)
-    by_dtype = {d: [r for r in rows if f" {d} " in r["case"] + " "] for d in ("fp16", "bf16", "fp32")}
-    for d, rs in by_dtype.items():
-        print(f"{d}: {sum(r['ok'] for r in rs)}/{len(rs)} correct, max rel error {max(r['rel_error'] for r in rs):.2e}")
+        rows.append(check(expr, config, i))
+        r = rows[-1]
+        print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['case']:44s} err {r['rel_error']:.2e}  {r['config']}", flush=True)
+    for op in sorted({r["case"].split()[0] for r in rows}):
+        for d in ("fp16", "bf16", "fp32"):
+            rs = [r for r in rows if r["case"].split()[0] == op and r["dtype"] == d]
+            if rs:
+                print(f"{op} {d}: {sum(r['ok'] for r in rs)}/{len(rs)} correct, "
+                      f"max rel error {max(r['rel_error'] for r in rs):.2e}")
     if args.out:
         with open(args.out, "w") as fp:
             json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, fp, indent=1)
+    failures = sum(not r["ok"] for r in rows)
     print(f"{len(rows) - failures}/{len(rows)} cases correct")
     return 1 if failures else 0
 

@@ -18,7 +18,7 @@ import numpy as np
 from tritune.records.database import Database
 from tritune.records.result import DeviceKey
 from tritune.search import make_strategy
-from tritune.tuner.tuner import Task, Tuner
+from tritune.tuner.tuner import Tuner
 
 
 def environment(args):
@@ -27,8 +27,8 @@ def environment(args):
         from tritune.tuner.recorded import Recording, RecordedBuilder, RecordedRunner
 
         rec = Recording.load(args.recorded)
-        task = Task(rec.expr, DeviceKey(rec.device["gpu"], rec.device["capability"], rec.device["triton"],
-                                        rec.device["torch"], "recorded"), rec.limits)
+        task = rec.task(DeviceKey(rec.device["gpu"], rec.device["capability"], rec.device["triton"],
+                                  rec.device["torch"], "recorded"))
         return task, RecordedBuilder(), RecordedRunner(rec), rec.torch_ms, lambda: None
     from tritune.tuner.cli import make_expr
     from tritune.tuner.session import start_gpu

@@ -1,6 +1,7 @@
 """Codegen checked for the H100's target without a GPU: Triton compiles sm_90 code on any machine."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,10 +22,10 @@ CASES = [
 FAULTY = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=1, num_warps=4, num_stages=2, UNROLL=1)
 
 
-def build_sm90(cases):
+def build_sm90(cases, ptx=False):
     """Compile (expr, config) pairs in a subprocess: the interpreter is off there, as on a GPU host."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    lines = "".join(json.dumps({"expr": e.to_dict(), "config": dict(c)}) + "\n" for e, c in cases)
+    lines = "".join(json.dumps({"expr": e.to_dict(), "config": dict(c), "ptx": ptx}) + "\n" for e, c in cases)
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("sm90_build.py"))], input=lines,
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -34,6 +35,9 @@ def build_sm90(cases):
 def test_sm90_builds_use_wgmma_and_the_shared_estimate_is_exact():
     cases = [(Matmul(4096, 4096, 4096, dtype=d, epilogue=EPILOGUE), Config.of(k)) for d, k in CASES]
     cases += [(Matmul(256, 256, 256), Config.of(FAULTY, fault=f)) for f in template.FAULTS]
+    cases += [(Matmul(4096, 4096, 4096, epilogue=EPILOGUE), Config.of(CASES[0][1], **extra))
+              for extra in (dict(TMA=1), dict(TMA=1, PERSISTENT=1), dict(PERSISTENT=1))]
+    cases += [(Matmul(64, 4096, 4096, epilogue=EPILOGUE), Config.of(CASES[1][1], SPLIT_K=4, UNROLL=1))]
     results = build_sm90(cases)
     assert len(results) == len(cases)
     for (expr, config), got in zip(cases, results):
@@ -44,3 +48,14 @@ def test_sm90_builds_use_wgmma_and_the_shared_estimate_is_exact():
 def test_unknown_fault_is_refused():
     with pytest.raises(ValueError):
         template.source(Matmul(8, 8, 8), fault="segfault-please")
+
+
+def test_strides_divisible_by_8_elements_still_get_16_byte_loads():
+    """3000x5000x1000: leading dims are multiples of 8 fp16 elements, not 16; the divisibility hint
+    lets every load of the K loop move 16 bytes, as at 4096^3 (the JIT would give 4 or 8)."""
+    config = Config.of(CASES[0][1], BLOCK_N=128, BLOCK_K=64)
+    cases = [(Matmul(4096, 4096, 4096), config), (Matmul(3000, 5000, 1000), config), (Matmul(3000, 5000, 1004), config)]
+    widths = [sorted(set(re.findall(r"cp\.async\.c[ag]\.shared\.global[^;]*, (0x[0-9a-f]+)", r["ptx"])))
+              for r in build_sm90(cases, ptx=True)]
+    assert widths[0] == widths[1] == ["0x10"]
+    assert "0x8" in widths[2]  # multiples of 4 only: 8-byte loads, so the check can tell them apart

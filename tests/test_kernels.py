@@ -82,3 +82,38 @@ def test_workload_json_round_trip():
     assert Matmul.from_dict(expr.to_dict()) == expr
     assert Matmul.from_dict(expr.to_dict()).key == expr.key
     assert Matmul(3, 5, 7).key != Matmul(3, 5, 8).key
+
+
+SPLIT = SMALL.replace(SPLIT_K=3, UNROLL=1)
+
+
+@pytest.mark.parametrize("name", list(EPILOGUES))
+def test_split_k_applies_each_epilogue_once_after_the_full_sum(name):
+    expr = Matmul(37, 29, 150, batch=2, dtype="fp32", epilogue=EPILOGUES[name])  # 10 K steps in 3 slices
+    assert run_case(expr, SPLIT) <= tolerance(expr)
+
+
+@pytest.mark.parametrize("extra", [dict(TMA=1), dict(PERSISTENT=1), dict(TMA=1, PERSISTENT=1), dict(TMA=1, SPLIT_K=2)])
+@pytest.mark.parametrize("layout", ["nn", "tt"])
+def test_tma_and_persistent_paths_match_reference(extra, layout):
+    # every stride a multiple of 16 bytes (TMA's condition); edges of M, N and K are partial tiles
+    expr = Matmul(40, 24, 56, dtype="fp16", trans_a=layout[0] == "t", trans_b=layout[1] == "t",
+                  epilogue=(BiasAdd(), Relu()))
+    assert run_case(expr, SMALL.replace(**extra)) <= tolerance(expr)
+
+
+def test_split_k_kernel_rearms_its_counters_for_the_next_launch():
+    expr = Matmul(20, 20, 96, dtype="fp32")
+    x = MATMUL.inputs(expr, 0, "cpu")
+    kernel = MATMUL.kernel(expr, SPLIT, MATMUL.problem_of(expr, x.args))
+    for _ in range(2):  # a stale counter would make the second launch skip the fix-up
+        x.out.fill_(float("nan"))
+        kernel(*x.args)
+        assert rel_error(x.out, MATMUL.reference(expr, x.args)) <= tolerance(expr)
+
+
+def test_tma_config_on_unaligned_rows_is_refused_not_run():
+    expr = Matmul(20, 20, 37, dtype="fp16")  # rows of A are 74 bytes
+    x = MATMUL.inputs(expr, 0, "cpu")
+    with pytest.raises(ValueError, match="16 bytes"):
+        MATMUL.kernel(expr, SMALL.replace(TMA=1), MATMUL.problem_of(expr, x.args))

@@ -8,7 +8,7 @@ from tritune.records.database import Database
 from tritune.records.result import DeviceKey
 from tritune.search import make_strategy
 from tritune.tuner.recorded import Recording, RecordedBuilder, RecordedRunner
-from tritune.tuner.tuner import Task, Tuner, best_of
+from tritune.tuner.tuner import Tuner, best_of
 
 SPACES = Path(__file__).parent / "fixtures" / "spaces"
 SEEDS = range(5)
@@ -16,7 +16,7 @@ BUDGET = 64
 
 
 def best_at_budget(recording, name, seed, tmp_path):
-    task = Task(recording.expr, DeviceKey("recorded", "9.0", "-", "-", "-"), recording.limits)
+    task = recording.task(DeviceKey("recorded", "9.0", "-", "-", "-"))
     strategy = make_strategy(name, task.space, seed=seed, features=task.featurize)
     runner = RecordedRunner(recording)
     db = Database(tmp_path / f"{name}-{seed}.db")
@@ -28,7 +28,7 @@ def best_at_budget(recording, name, seed, tmp_path):
 @pytest.fixture(scope="module", params=sorted(p.name for p in SPACES.glob("*.jsonl.gz")))
 def recording(request):
     rec = Recording.load(SPACES / request.param)
-    task = Task(rec.expr, DeviceKey("recorded", "9.0", "-", "-", "-"), rec.limits)
+    task = rec.task(DeviceKey("recorded", "9.0", "-", "-", "-"))
     # the recording holds the whole space: if the space changes, record again
     assert {task.space.config(int(i)) for i in task.space.valid_indices} == set(rec.rows)
     return request.param, rec

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from tritune.schedules.config import Config
-from tritune.schedules.matmul import KNOBS, MAX_ACC_REGS, matmul_space, shared_estimate
+from tritune.schedules.matmul import EXTENSIONS, KNOBS, MAX_ACC_REGS, matmul_space, shared_estimate
 from tritune.schedules.space import Limits
 from tritune.schedules.space import Knob, Space
 
@@ -16,7 +16,7 @@ def big():
 
 
 def test_space_is_larger_than_anyone_would_measure(big):
-    assert big.size == np.prod([len(k.values) for k in KNOBS]) >= 40000
+    assert big.size == np.prod([len(k.values) for k in KNOBS + EXTENSIONS]) >= 40000
     assert len(big.valid_indices) > 500
     assert len(matmul_space(1024, 1024, 1024, 2, H100).valid_indices) > 5000
 
@@ -78,7 +78,7 @@ def test_neighbours_differ_in_one_knob_by_one_step(big):
     ns = big.neighbours(c)
     assert ns and all(big.valid(n) for n in ns)
     for n in ns:
-        diff = [k for k in KNOBS if n[k.name] != c[k.name]]
+        diff = [k for k in KNOBS + EXTENSIONS if n[k.name] != c[k.name]]
         assert len(diff) == 1
         k = diff[0]
         assert abs(k.values.index(n[k.name]) - k.values.index(c[k.name])) == 1
@@ -89,3 +89,39 @@ def test_config_is_a_canonical_value():
     assert a == Config.of({"a": 1, "b": 2}) and hash(a) == hash(Config.of(a=1, b=2))
     assert a.to_json() == '{"a":1,"b":2}' and Config.from_json(a.to_json()) == a
     assert a.replace(b=3)["b"] == 3 and a["b"] == 2
+
+
+def test_pruned_enumeration_equals_checking_every_config():
+    full = matmul_space(70, 48, 3000, 2, Limits(232448, 8), tma=True)
+    # every other value of each knob: small enough to check one by one
+    space = Space([Knob(k.name, k.values[::2]) for k in full.knobs], full.constraints)
+    brute = [i for i in range(space.size) if space.valid(space.config(i))]
+    assert brute and list(space.valid_indices) == brute
+
+
+PLAIN = Config.of(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=3, UNROLL=1,
+                  SPLIT_K=1, TMA=0, PERSISTENT=0)
+
+
+def test_split_k_only_where_the_grid_is_short_of_programs(big):
+    skinny = matmul_space(16, 4096, 4096, 2, H100, tma=True)
+    assert skinny.valid(PLAIN.replace(SPLIT_K=4)) and skinny.valid(PLAIN.replace(SPLIT_K=4, TMA=1))
+    assert "K step" in skinny.why_invalid(PLAIN)  # unsplit, a 256-deep step would do better
+    wide = PLAIN.replace(BLOCK_N=256, BLOCK_K=256)
+    assert "K slice" in skinny.why_invalid(wide.replace(SPLIT_K=16))  # 16 slices of 1 step each
+    square = PLAIN.replace(BLOCK_M=128, BLOCK_N=128, num_warps=8)
+    assert "fills the GPU" in big.why_invalid(square.replace(SPLIT_K=2))
+
+
+def test_tma_only_where_rows_are_16_byte_aligned_and_persistent_only_past_one_wave(big):
+    tile = PLAIN.replace(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8)
+    assert "16-byte" in big.why_invalid(tile.replace(TMA=1))  # built without tma=True
+    assert matmul_space(4096, 4096, 4096, 2, H100, tma=True).valid(tile.replace(TMA=1, PERSISTENT=1))
+    assert "one wave" in matmul_space(512, 512, 4096, 2, H100).why_invalid(tile.replace(PERSISTENT=1))
+    assert "persistent" in matmul_space(4096, 4096, 128, 2, H100, batch=4).why_invalid(tile.replace(PERSISTENT=1))
+
+
+def test_without_extension_knobs_is_plain_tiling(big):
+    plain = big.without([k.name for k in EXTENSIONS])
+    assert [k.name for k in plain.knobs] == [k.name for k in KNOBS]
+    assert len(plain.valid_indices) * 2 == len(big.valid_indices)  # x persistent off/on (TMA: rows unproven)

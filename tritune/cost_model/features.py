@@ -18,6 +18,7 @@ DERIVED = (
     "k_trips", "trips_per_stage", "shared_bytes", "shared_frac", "acc_regs", "programs_per_sm",
     "occupancy_warps", "tile_intensity", "bytes_per_flop_tile", "dtype_bytes",
     "log_m", "log_n", "log_k", "log_batch", "m_div16", "n_div16", "k_div16", "trans_a", "trans_b",
+    "log2_SPLIT_K", "TMA", "PERSISTENT", "m_div8", "n_div8", "k_div8",
 )
 FEATURE_NAMES = tuple(f"log2_{k}" for k in KNOB_NAMES) + DERIVED
 
@@ -30,8 +31,11 @@ def config_features(expr: Matmul, limits: Limits, c: Config) -> list[float]:
     """One feature row (see FEATURE_NAMES)."""
     bm, bn, bk, warps = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c["num_warps"]
     eb = DTYPE_BYTES[expr.dtype]
-    tm, tn, trips = _cdiv(expr.m, bm), _cdiv(expr.n, bn), _cdiv(expr.k, bk)
-    programs = tm * tn * expr.batch
+    split, tma, persistent = c.get("SPLIT_K", 1), c.get("TMA", 0), c.get("PERSISTENT", 0)
+    tm, tn, trips = _cdiv(expr.m, bm), _cdiv(expr.n, bn), _cdiv(_cdiv(expr.k, bk), split)
+    programs = tm * tn * expr.batch * split
+    if persistent:
+        programs = min(programs, limits.sms * persistent)
     waves = programs / limits.sms
     shared = shared_estimate(c, eb)
     acc = bm * bn / (32 * warps)
@@ -41,13 +45,14 @@ def config_features(expr: Matmul, limits: Limits, c: Config) -> list[float]:
         *(math.log2(c[k]) for k in KNOB_NAMES),
         math.log2(tm), math.log2(tn), math.log2(programs), waves,
         waves / math.ceil(waves),  # how full the waves are on average (1 = no idle SMs in the tail)
-        1 - expr.m / (tm * bm), 1 - expr.n / (tn * bn), 1 - expr.k / (trips * bk),
+        1 - expr.m / (tm * bm), 1 - expr.n / (tn * bn), 1 - expr.k / (_cdiv(expr.k, bk) * bk),
         math.log2(trips), trips / c["num_stages"], math.log2(shared), shared / limits.shared_bytes,
         acc, per_sm, per_sm * warps,
         bm * bn / (bm + bn),  # multiply-adds per loaded element of a tile
         (bm + bn) * bk * eb / (2 * bm * bn * bk),
         eb, math.log2(expr.m), math.log2(expr.n), math.log2(expr.k), math.log2(expr.batch),
         expr.m % 16 == 0, expr.n % 16 == 0, expr.k % 16 == 0, expr.trans_a, expr.trans_b,
+        math.log2(split), tma, persistent, expr.m % 8 == 0, expr.n % 8 == 0, expr.k % 8 == 0,
     ]
 
 

@@ -10,8 +10,9 @@ from typing import Any
 
 from tritune.kernels import template
 from tritune.kernels.codegen import Binary, Launcher, divisibility
-from tritune.kernels.expr import Matmul
+from tritune.kernels.expr import DTYPE_BYTES, Matmul
 from tritune.schedules.config import Config
+from tritune.settings import SETTINGS
 
 # Replay's last resort: valid for any contraction.
 DEFAULT = Config.of(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3, UNROLL=1)
@@ -22,31 +23,17 @@ class Problem:
     """The integer arguments of one launch and the alignment of its pointers."""
 
     batch: int
-    ints: tuple[int, ...]  # M, N, K, 9 strides (A, B, C), [bias stride]
-    aligned: tuple[bool, ...]  # A, B, C, [BIAS] data pointers 16-byte aligned
+    ints: tuple[int, ...]  # M, N, K, 9 strides (A, B, C), bias stride
+    aligned: tuple[bool, ...]  # A, B, C, BIAS data pointers 16-byte aligned
 
-    @property
-    def m(self) -> int:
-        return self.ints[0]
-
-    @property
-    def n(self) -> int:
-        return self.ints[1]
-
-    @property
-    def k(self) -> int:
-        return self.ints[2]
+    def stride(self, name: str) -> int:
+        """One stride by its kernel argument name, e.g. 'stride_am'."""
+        return self.ints[INT_NAMES.index(name)]
 
 
-def pointer_names(expr: Matmul) -> list[str]:
-    """Pointer arguments of the generated kernel, in order."""
-    return ["A", "B", "C"] + (["BIAS"] if expr.has_bias else [])
-
-
-def int_names(expr: Matmul) -> list[str]:
-    """Integer arguments of the generated kernel, in order."""
-    strides = [f"stride_{t}{d}" for t, dims in (("a", "bmk"), ("b", "bkn"), ("c", "bmn")) for d in dims]
-    return ["M", "N", "K", *strides] + (["stride_bias"] if expr.has_bias else [])
+POINTER_NAMES = ("A", "B", "C", "BIAS")  # then WS, LOCKS: split-K scratch, always aligned
+INT_NAMES = ("M", "N", "K", *(f"stride_{t}{d}" for t, dims in (("a", "bmk"), ("b", "bkn"), ("c", "bmn"))
+                               for d in dims), "stride_bias")
 
 
 def canonical_problem(expr: Matmul) -> Problem:
@@ -55,8 +42,7 @@ def canonical_problem(expr: Matmul) -> Problem:
     a = (m * k, 1, m) if expr.trans_a else (m * k, k, 1)
     b = (k * n, 1, k) if expr.trans_b else (k * n, n, 1)
     c = (m * n, n, 1)
-    bias = (1,) if expr.has_bias else ()
-    return Problem(expr.batch, (m, n, k, *a, *b, *c, *bias), (True,) * len(pointer_names(expr)))
+    return Problem(expr.batch, (m, n, k, *a, *b, *c, 1 if expr.has_bias else 0), (True,) * 4)
 
 
 def problem_of(expr: Matmul, a: Any, b: Any, c: Any, bias: Any = None) -> Problem:
@@ -65,19 +51,37 @@ def problem_of(expr: Matmul, a: Any, b: Any, c: Any, bias: Any = None) -> Proble
         s = t.stride()
         return s if t.dim() == 3 else (0, *s)
 
-    tensors = [a, b, c] + ([bias] if expr.has_bias else [])
-    bias_stride = (bias.stride(0),) if expr.has_bias else ()
-    ints = (expr.m, expr.n, expr.k, *strides(a), *strides(b), *strides(c), *bias_stride)
-    return Problem(expr.batch, ints, tuple(t.data_ptr() % 16 == 0 for t in tensors))
+    bias_stride = bias.stride(0) if expr.has_bias else 0
+    ints = (expr.m, expr.n, expr.k, *strides(a), *strides(b), *strides(c), bias_stride)
+    pointers = (a, b, c, bias if expr.has_bias else c)
+    return Problem(expr.batch, ints, tuple(t.data_ptr() % 16 == 0 for t in pointers))
+
+
+def tma_unfit(expr: Matmul, problem: Problem) -> str | None:
+    """Why tensor-descriptor loads cannot read these operands (None when they can): TMA needs the
+    unit stride last in memory, 16-byte aligned bases and every other stride a multiple of 16 bytes.
+    """
+    size = DTYPE_BYTES[expr.dtype]
+    for x, trans, dims in (("a", expr.trans_a, "mk"), ("b", expr.trans_b, "kn")):
+        inner, outer = (dims[0], dims[1]) if trans else (dims[1], dims[0])
+        if problem.stride(f"stride_{x}{inner}") != 1:
+            return f"operand {x.upper()} is not contiguous along {inner.upper()}"
+        others = [problem.stride(f"stride_{x}{outer}")] + ([problem.stride(f"stride_{x}b")] if problem.batch > 1 else [])
+        if any(v * size % 16 for v in others):
+            return f"operand {x.upper()} has a row stride that is not a multiple of 16 bytes"
+    if not (problem.aligned[0] and problem.aligned[1]):
+        return "an operand is not 16-byte aligned"
+    return None
 
 
 def constexprs(expr: Matmul, config: Config) -> dict[str, Any]:
-    """Compile-time parameters of the template for one config."""
+    """Compile-time parameters of the template for one config (knobs added later default off)."""
     return {
         "BLOCK_M": config["BLOCK_M"], "BLOCK_N": config["BLOCK_N"], "BLOCK_K": config["BLOCK_K"],
         "GROUP_M": config["GROUP_M"], "UNROLL": config["UNROLL"],
         "EVEN_K": expr.k % config["BLOCK_K"] == 0,
         "DOT_PRECISION": "ieee" if expr.dtype == "fp32" and not expr.tf32 else "tf32",
+        "SPLIT_K": config.get("SPLIT_K", 1), "TMA": config.get("TMA", 0), "PERSISTENT": config.get("PERSISTENT", 0),
     }
 
 
@@ -87,8 +91,9 @@ def binary(expr: Matmul, config: Config, problem: Problem) -> Binary:
     multiples of 8 fp16 elements still allow 16-byte loads.
     """
     fn = template.load(expr, config.get("fault"))
-    pointers = tuple((name, expr.dtype, aligned) for name, aligned in zip(pointer_names(expr), problem.aligned))
-    ints = tuple((name, v, divisibility(v)) for name, v in zip(int_names(expr), problem.ints))
+    pointers = tuple((name, expr.dtype, aligned) for name, aligned in zip(POINTER_NAMES, problem.aligned))
+    pointers += (("WS", "fp32", True), ("LOCKS", "i32", True))
+    ints = tuple((name, v, divisibility(v)) for name, v in zip(INT_NAMES, problem.ints))
     options = (("num_warps", config["num_warps"]), ("num_stages", config["num_stages"]))
     return Binary(fn, pointers, ints, tuple(constexprs(expr, config).items()), options)
 
@@ -98,29 +103,71 @@ def compile_kernel(expr: Matmul, config: Config, problem: Problem, target: Any) 
     return binary(expr, config, problem).compile(target)
 
 
-def grid(expr: Matmul, config: Config) -> tuple[int, int, int]:
-    """Launch grid: one program per output tile, one grid row per batch entry."""
-    tiles_m = -(-expr.m // config["BLOCK_M"])
-    tiles_n = -(-expr.n // config["BLOCK_N"])
-    return (tiles_m * tiles_n, expr.batch, 1)
+def tiles(expr: Matmul, config: Config) -> int:
+    """Output tiles of one batch entry."""
+    return -(-expr.m // config["BLOCK_M"]) * -(-expr.n // config["BLOCK_N"])
+
+
+def grid(expr: Matmul, config: Config, sms: int) -> tuple[int, int, int]:
+    """Launch grid: a program per output tile (and K slice) per batch entry, or, persistent, a
+    fixed number of programs per SM walking the tiles.
+    """
+    if config.get("PERSISTENT", 0):
+        return (min(tiles(expr, config), sms * config["PERSISTENT"]), expr.batch, 1)
+    return (tiles(expr, config), expr.batch, config.get("SPLIT_K", 1))
 
 
 class Kernel:
-    """One candidate bound to one problem; call it with tensors (a, b, out[, bias]) to launch."""
+    """One candidate bound to one problem; call it with tensors (a, b, out[, bias]) to launch.
+
+    Split-K kernels own a scratch area (fp32 partial tiles and one arrival counter per tile):
+    launches of one Kernel must not overlap on different streams.
+    """
 
     def __init__(self, expr: Matmul, config: Config, problem: Problem, target: Any = None) -> None:
         self.expr, self.config, self.problem = expr, config, problem
-        self._launcher = Launcher(binary(expr, config, problem), grid(expr, config), target)
+        if config.get("TMA", 0) and (why := tma_unfit(expr, problem)):
+            raise ValueError(f"config uses TMA loads but {why}")
+        sms = device_sms()
+        self._launcher = Launcher(binary(expr, config, problem), grid(expr, config, sms), target)
         self.compiled = self._launcher.compiled
+        self._scratch: tuple[Any, Any] | None = None
 
     def __call__(self, a: Any, b: Any, c: Any, bias: Any = None) -> None:
         """Launch on tensors whose problem matches the one this kernel was built for."""
-        if self.expr.has_bias:
-            self._launcher(a, b, c, bias)
-        else:
-            self._launcher(a, b, c)
+        if self._scratch is None:
+            self._scratch = self._allocate(a.device)
+        self._launcher(a, b, c, bias if self.expr.has_bias else c, *self._scratch)
+
+    def _allocate(self, device: Any) -> tuple[Any, Any]:
+        import torch
+
+        split, c = self.config.get("SPLIT_K", 1), self.config
+        slots = tiles(self.expr, c) * self.expr.batch if split > 1 else 1
+        ws = torch.empty(slots * split * c["BLOCK_M"] * c["BLOCK_N"] if split > 1 else 1, dtype=torch.float32,
+                         device=device)
+        if c.get("TMA", 0) and not SETTINGS.interpret:
+            use_torch_scratch()
+        return ws, torch.zeros(slots, dtype=torch.int32, device=device)
 
     @property
     def shared_bytes(self) -> int | None:
         """Shared memory the compiled binary needs (None under the interpreter)."""
         return self._launcher.shared_bytes
+
+
+def device_sms() -> int:
+    """SM count of the current GPU (a small number under the interpreter)."""
+    if SETTINGS.interpret:
+        return 4
+    import torch
+
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+def use_torch_scratch() -> None:
+    """Let kernels that build tensor descriptors on the device take their scratch from torch."""
+    import torch
+    import triton
+
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))

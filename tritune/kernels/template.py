@@ -1,7 +1,7 @@
 """Triton source for the contraction family, generated from a Matmul expression.
 
-One template serves every contraction: batch, strides and epilogue are parameters of the
-generated source; tile sizes, warps, stages and unrolling are compile-time parameters of it.
+One template serves every contraction: layout and epilogue shape the generated source; tile
+sizes, grouping, unrolling, split-K, TMA loads and the persistent loop are constexpr knobs of it.
 """
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from tritune.kernels.codegen import load_source
 from tritune.kernels.expr import Matmul
 
 KERNEL_NAME = "tritune_matmul"
-CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "UNROLL", "EVEN_K", "DOT_PRECISION")
+CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "UNROLL", "EVEN_K", "DOT_PRECISION",
+              "SPLIT_K", "TMA", "PERSISTENT")
 FAULTS = ("oob", "hang")
 
 _TEMPLATE = '''\
@@ -20,74 +21,172 @@ import triton.language as tl
 
 
 @triton.jit
-def {name}(
-    A, B, C,{bias_ptr}
-    M, N, K,
-    stride_ab, stride_am, stride_ak,
-    stride_bb, stride_bk, stride_bn,
-    stride_cb, stride_cm, stride_cn,{bias_stride}
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
-    # {description}
-    pid = tl.program_id(0)
-    batch = tl.program_id(1).to(tl.int64)
-    grid_m = tl.cdiv(M, BLOCK_M)
-    grid_n = tl.cdiv(N, BLOCK_N)
+def _tile_of(tile, grid_m, grid_n, GROUP_M: tl.constexpr):
     # grouped launch order: programs running together share rows of A in L2
     width = GROUP_M * grid_n
-    first_m = (pid // width) * GROUP_M
+    first_m = (tile // width) * GROUP_M
     group_m = min(grid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % group_m
-    pid_n = (pid % width) // group_m
+    return first_m + (tile % width) % group_m, (tile % width) // group_m
+
+
+@triton.jit
+def _mainloop(A, B, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
+              stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr):
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if TMA:
+        # tensor-descriptor loads: the TMA unit fetches whole tiles (zero-filled past the edges),
+        # which needs 16-byte aligned rows but no alignment of the shape itself
+{tma_descriptors}
+        for k in tl.range(k_lo, k_hi, loop_unroll_factor=UNROLL):
+{tma_loads}
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    else:
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        k_first = k_lo * BLOCK_K + offs_k
+        # rows/columns past the edge wrap onto valid ones, so the K loop needs no M/N masks;
+        # the store is masked, so the duplicates are never written
+        rm = offs_m % M
+        rn = offs_n % N
+        a_ptrs = A + batch * stride_ab + rm[:, None] * stride_am + k_first[None, :] * stride_ak
+        b_ptrs = B + batch * stride_bb + k_first[:, None] * stride_bk + rn[None, :] * stride_bn
+{fault_hang}        for k in tl.range(k_lo, k_hi, loop_unroll_factor=UNROLL):
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                b = tl.load(b_ptrs)
+            else:
+                a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k * BLOCK_K, other=0.0)
+                b = tl.load(b_ptrs, mask=offs_k[:, None] < K - k * BLOCK_K, other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+    return acc
+
+
+@triton.jit
+def _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    # rows/columns past the edge wrap onto valid ones, so the K loop needs no M/N masks;
-    # the store below is masked, so the duplicates are never written
-    rm = offs_m % M
-    rn = offs_n % N
-    a_ptrs = A + batch * stride_ab + rm[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = B + batch * stride_bb + offs_k[:, None] * stride_bk + rn[None, :] * stride_bn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-{fault_hang}    for k in tl.range(0, tl.cdiv(K, BLOCK_K), loop_unroll_factor=UNROLL):
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs)
-        else:
-            a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k * BLOCK_K, other=0.0)
-            b = tl.load(b_ptrs, mask=offs_k[:, None] < K - k * BLOCK_K, other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
 {bias_load}{epilogue}
     c_ptrs = C + batch * stride_cb + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn{fault_oob}
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _split_fixup(acc, WS, LOCKS, slot, split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 SPLIT_K: tl.constexpr):
+    # Each K slice parks its fp32 partial tile; the slice that arrives last adds the others in
+    # and finishes the tile, then re-arms the tile's counter for the next launch.
+    tile_elems: tl.constexpr = BLOCK_M * BLOCK_N
+    offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    base = WS + slot.to(tl.int64) * (SPLIT_K * tile_elems)
+    tl.store(base + split * tile_elems + offs, acc)
+    tl.debug_barrier()  # every thread's partial is stored before the counter says so
+    arrived = tl.atomic_add(LOCKS + slot, 1, sem="acq_rel")
+    last = arrived == SPLIT_K - 1
+    if last:
+        tl.debug_barrier()
+        for s in tl.static_range(SPLIT_K):
+            if s != split:
+                acc += tl.load(base + s * tile_elems + offs, cache_modifier=".cg")
+        tl.store(LOCKS + slot, 0)
+    return acc, last
+
+
+@triton.jit
+def {name}(
+    A, B, C, BIAS, WS, LOCKS,
+    M, N, K,
+    stride_ab, stride_am, stride_ak,
+    stride_bb, stride_bk, stride_bn,
+    stride_cb, stride_cm, stride_cn, stride_bias,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SPLIT_K: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr,
+):
+    # {description}
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    tiles = grid_m * grid_n
+    k_iters = tl.cdiv(K, BLOCK_K)
+    if PERSISTENT:
+        # a fixed grid of programs walks every (batch, tile): no launch tail, no program start-up
+        for t in tl.range(tl.program_id(0), tiles * tl.num_programs(1), tl.num_programs(0)):
+            batch = (t // tiles).to(tl.int64)
+            pid_m, pid_n = _tile_of(t % tiles, grid_m, grid_n, GROUP_M)
+            acc = _mainloop(A, B, batch, pid_m, pid_n, 0, k_iters, M, N, K, stride_ab, stride_am, stride_ak,
+                            stride_bb, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K,
+                            DOT_PRECISION, TMA)
+            _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,
+                    BLOCK_M, BLOCK_N)
+    else:
+        batch = tl.program_id(1).to(tl.int64)
+        pid_m, pid_n = _tile_of(tl.program_id(0), grid_m, grid_n, GROUP_M)
+        split = tl.program_id(2)
+        per_split = tl.cdiv(k_iters, SPLIT_K)
+        k_lo = split * per_split
+        k_hi = tl.minimum(k_lo + per_split, k_iters)
+        acc = _mainloop(A, B, batch, pid_m, pid_n, k_lo, k_hi, M, N, K, stride_ab, stride_am, stride_ak,
+                        stride_bb, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K,
+                        DOT_PRECISION, TMA)
+        if SPLIT_K > 1:
+            slot = tl.program_id(1) * tiles + tl.program_id(0)
+            acc, last = _split_fixup(acc, WS, LOCKS, slot, split, BLOCK_M, BLOCK_N, SPLIT_K)
+            if last:
+                _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,
+                        BLOCK_M, BLOCK_N)
+        else:
+            _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,
+                    BLOCK_M, BLOCK_N)
 '''
 
 _BIAS_LOAD = "    bias = tl.load(BIAS + offs_n * stride_bias, mask=offs_n < N, other=0.0).to(tl.float32)\n"
 # Test hooks for crash isolation: a store far outside any allocation, and a loop that never ends.
 _FAULT_OOB = " + (1 << 40)"
 _FAULT_HANG = (
-    "    spin = tl.load(A, volatile=True).to(tl.float32)\n"
-    "    while spin == spin:  # inputs are finite random numbers, so this never ends\n"
     "        spin = tl.load(A, volatile=True).to(tl.float32)\n"
+    "        while spin == spin:  # inputs are finite random numbers, so this never ends\n"
+    "            spin = tl.load(A, volatile=True).to(tl.float32)\n"
 )
+# Tensor descriptors over each operand as stored ([M, K] or, transposed, [K, M]); the unit
+# stride is the last one, as TMA requires; transposed tiles are flipped after the load.
+_DESC = "        {x}_desc = tl.make_tensor_descriptor({X} + batch * stride_{x}b, shape=[{d0}, {d1}], " \
+        "strides=[stride_{x}{s0}, 1], block_shape=[{b0}, {b1}])\n"
+_LOAD = "            {x} = {x}_desc.load([{o0}, {o1}]){t}\n"
+_OPERANDS = {  # (operand, transposed) -> (dims, stride name, block dims, load offsets)
+    ("a", False): ("M", "K", "m", "BLOCK_M", "BLOCK_K", "pid_m * BLOCK_M", "k * BLOCK_K"),
+    ("a", True): ("K", "M", "k", "BLOCK_K", "BLOCK_M", "k * BLOCK_K", "pid_m * BLOCK_M"),
+    ("b", False): ("K", "N", "k", "BLOCK_K", "BLOCK_N", "k * BLOCK_K", "pid_n * BLOCK_N"),
+    ("b", True): ("N", "K", "n", "BLOCK_N", "BLOCK_K", "pid_n * BLOCK_N", "k * BLOCK_K"),
+}
+
+
+def _tma(expr: Matmul) -> tuple[str, str]:
+    descs, loads = "", ""
+    for x, trans in (("a", expr.trans_a), ("b", expr.trans_b)):
+        d0, d1, s0, b0, b1, o0, o1 = _OPERANDS[(x, trans)]
+        descs += _DESC.format(x=x, X=x.upper(), d0=d0, d1=d1, s0=s0, b0=b0, b1=b1)
+        loads += _LOAD.format(x=x, o0=o0, o1=o1, t=".T" if trans else "")
+    return descs, loads
 
 
 def source(expr: Matmul, fault: str | None = None) -> str:
     """The Triton source of the kernel computing `expr` (fault is a test hook: 'oob' or 'hang')."""
     if fault is not None and fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; known: {FAULTS}")
-    epilogue = "".join(f"    {e.triton()}\n" for e in expr.epilogue)
+    descs, loads = _tma(expr)
     return _TEMPLATE.format(
         name=KERNEL_NAME,
         description=expr.describe().replace(f" {expr.dtype}", "") + (f" [fault: {fault}]" if fault else ""),
-        bias_ptr=" BIAS," if expr.has_bias else "",
-        bias_stride=" stride_bias," if expr.has_bias else "",
         bias_load=_BIAS_LOAD if expr.has_bias else "",
-        epilogue=epilogue,
+        epilogue="".join(f"    {e.triton()}\n" for e in expr.epilogue),
+        tma_descriptors=descs.rstrip("\n"),
+        tma_loads=loads.rstrip("\n"),
         fault_oob=_FAULT_OOB if fault == "oob" else "",
         fault_hang=_FAULT_HANG if fault == "hang" else "",
     )

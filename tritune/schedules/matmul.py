@@ -1,8 +1,11 @@
-"""The schedule space of the contraction template: tiles, grouping, warps, stages, unrolling."""
+"""The schedule space of the contraction template: tiles, grouping, warps, stages, unrolling,
+split-K, TMA loads and the persistent loop."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tritune.schedules.config import Config
-from tritune.schedules.space import Knob, Limits, Space
+from tritune.schedules.space import Knob, Limits, Space, reads
 
 KNOBS = (
     Knob("BLOCK_M", (16, 32, 64, 128, 256)),
@@ -13,8 +16,18 @@ KNOBS = (
     Knob("num_stages", (2, 3, 4, 5, 6)),
     Knob("UNROLL", (1, 2, 4)),
 )
+# Knobs beyond plain tiling (the recorded spaces of tests/fixtures predate them); every
+# constraint reads them with .get and their off value, so `Space.without` them is plain tiling.
+EXTENSIONS = (
+    Knob("SPLIT_K", (1, 2, 4, 8, 16)),
+    Knob("TMA", (0, 1)),
+    Knob("PERSISTENT", (0, 1)),
+)
 WARPS = dict((k.name, k.values) for k in KNOBS)["num_warps"]
 MAX_BLOCK_K = max(dict((k.name, k.values) for k in KNOBS)["BLOCK_K"])
+# Splitting K pays only while the grid is short of this many waves; the next-smaller split must
+# still leave it short (else that one is as good, with less fixup work).
+SPLIT_BELOW_WAVES = 2
 # A tile that could double along M or N and still launch this many waves of programs over the
 # SMs only gives up data reuse: the larger tile fills the GPU just as well. Likewise along K: a
 # step that could double, still leave 2 x stages loop iterations and still fit in shared memory
@@ -44,56 +57,115 @@ def _pow2_ceil(x: int) -> int:
 
 
 def shared_estimate(config: Config, element_bytes: int) -> int:
-    """Shared memory of the software pipeline: one A and one B tile per stage per unrolled step."""
+    """Shared memory of the software pipeline: one A and one B tile per stage per unrolled step
+    (and, with TMA loads, one 8-byte arrival barrier per stage)."""
     tile = (config["BLOCK_M"] + config["BLOCK_N"]) * config["BLOCK_K"] * element_bytes
-    return config["num_stages"] * config["UNROLL"] * tile
+    return config["num_stages"] * (config["UNROLL"] * tile + 8 * config.get("TMA", 0))
 
 
-def matmul_space(m: int, n: int, k: int, element_bytes: int, limits: Limits, batch: int = 1) -> Space:
-    """The space for a (batch of) M x N x K contraction; constraints prune what cannot run or is redundant."""
-    min_dim = 16  # tl.dot needs every tile dimension >= 16
+def matmul_space(m: int, n: int, k: int, element_bytes: int, limits: Limits, batch: int = 1,
+                 tma: bool = False) -> Space:
+    """The space for a (batch of) M x N x K contraction; constraints prune what cannot run or is
+    redundant. `tma`: the operands' layout allows tensor-descriptor loads.
+    """
+    p = _Problem(m, n, k, element_bytes, batch, limits)
+    return Space(KNOBS + EXTENSIONS, (p.tile_fits, p.not_too_small, p.registers, p.k_step_too_small,
+                                      p.not_redundant, p.split_k, p.tma(tma), p.shared, p.persistent))
 
-    def shared(c: Config) -> str | None:
-        need = shared_estimate(c, element_bytes)
-        return f"shared memory {need} > {limits.shared_bytes}" if need > limits.shared_bytes else None
 
-    def registers(c: Config) -> str | None:
-        per_thread = c["BLOCK_M"] * c["BLOCK_N"] // (32 * c["num_warps"])
-        budget = acc_budget(c["num_warps"])
-        return f"{per_thread} accumulator registers per thread > {budget}" if per_thread > budget else None
+def _trips(p: "_Problem", c: Config, block_k: int | None = None) -> int:
+    """K-loop iterations of one program (one K slice when split)."""
+    return -(-(-(-p.k // (block_k or c["BLOCK_K"]))) // c.get("SPLIT_K", 1))
 
-    def tile_fits(c: Config) -> str | None:
-        for knob, dim in (("BLOCK_M", m), ("BLOCK_N", n), ("BLOCK_K", k)):
-            if c[knob] > max(min_dim, _pow2_ceil(dim)):
+
+@dataclass(frozen=True)
+class _Problem:
+    """The constraints of one contraction problem on one device, as methods."""
+
+    m: int
+    n: int
+    k: int
+    element_bytes: int
+    batch: int
+    limits: Limits
+    min_dim: int = 16  # tl.dot needs every tile dimension >= 16
+
+    def tiles(self, c: Config) -> int:
+        return -(-self.m // c["BLOCK_M"]) * -(-self.n // c["BLOCK_N"])
+
+    @reads("BLOCK_M", "BLOCK_N", "BLOCK_K")
+    def tile_fits(self, c: Config) -> str | None:
+        for knob, dim in (("BLOCK_M", self.m), ("BLOCK_N", self.n), ("BLOCK_K", self.k)):
+            if c[knob] > max(self.min_dim, _pow2_ceil(dim)):
                 return f"{knob}={c[knob]} far larger than the problem ({dim})"
         return None
 
-    def not_too_small(c: Config) -> str | None:
+    @reads("BLOCK_M", "BLOCK_N")
+    def not_too_small(self, c: Config) -> str | None:
         bm, bn = c["BLOCK_M"], c["BLOCK_N"]
         if 2 * bm * bn > MAX_TILE:
             return None  # no feasible larger tile
-        tiles_m, tiles_n = -(-m // bm), -(-n // bn)
-        enough = -(-MIN_WAVES_TO_SHRINK * limits.sms // batch)  # programs per batch entry
+        tiles_m, tiles_n = -(-self.m // bm), -(-self.n // bn)
+        enough = -(-MIN_WAVES_TO_SHRINK * self.limits.sms // self.batch)  # programs per batch entry
         if 2 * bm <= 256 and -(-tiles_m // 2) * tiles_n >= enough:
             return "a tile twice as tall would still fill the GPU"
         if 2 * bn <= 256 and tiles_m * -(-tiles_n // 2) >= enough:
             return "a tile twice as wide would still fill the GPU"
         return None
 
-    def k_step_too_small(c: Config) -> str | None:
+    @reads("BLOCK_M", "BLOCK_N", "num_warps")
+    def registers(self, c: Config) -> str | None:
+        per_thread = c["BLOCK_M"] * c["BLOCK_N"] // (32 * c["num_warps"])
+        budget = acc_budget(c["num_warps"])
+        return f"{per_thread} accumulator registers per thread > {budget}" if per_thread > budget else None
+
+    @reads("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "UNROLL", "SPLIT_K", "TMA")
+    def shared(self, c: Config) -> str | None:
+        need = shared_estimate(c, self.element_bytes)
+        return f"shared memory {need} > {self.limits.shared_bytes}" if need > self.limits.shared_bytes else None
+
+    @reads("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "UNROLL", "SPLIT_K")
+    def k_step_too_small(self, c: Config) -> str | None:
         deeper = c.replace(BLOCK_K=2 * c["BLOCK_K"])
-        if deeper["BLOCK_K"] > MAX_BLOCK_K or -(-k // deeper["BLOCK_K"]) < 2 * c["num_stages"]:
+        if deeper["BLOCK_K"] > MAX_BLOCK_K or _trips(self, c, deeper["BLOCK_K"]) < 2 * c["num_stages"]:
             return None  # a deeper step is impossible or would starve the pipeline of iterations
-        if shared_estimate(deeper, element_bytes) > limits.shared_bytes:
+        if shared_estimate(deeper, self.element_bytes) > self.limits.shared_bytes:
             return None
         return "a K step twice as deep would still fill the pipeline and fit in shared memory"
 
-    def not_redundant(c: Config) -> str | None:
-        tiles_m = -(-m // c["BLOCK_M"])
+    @reads("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "UNROLL", "SPLIT_K")
+    def not_redundant(self, c: Config) -> str | None:
+        tiles_m = -(-self.m // c["BLOCK_M"])
         if c["GROUP_M"] > 1 and c["GROUP_M"] >= 2 * tiles_m:
             return "GROUP_M spans every row of tiles twice over"
-        if c["UNROLL"] > -(-k // c["BLOCK_K"]):
+        if c["UNROLL"] > _trips(self, c):
             return "unroll factor exceeds the K-loop trip count"
         return None
 
-    return Space(KNOBS, (tile_fits, not_too_small, k_step_too_small, not_redundant, registers, shared))
+    @reads("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "UNROLL", "SPLIT_K")
+    def split_k(self, c: Config) -> str | None:
+        split = c.get("SPLIT_K", 1)
+        if split == 1:
+            return None
+        if self.batch * self.tiles(c) * split // 2 >= SPLIT_BELOW_WAVES * self.limits.sms:
+            return "the grid fills the GPU without this much splitting"
+        iters = -(-self.k // c["BLOCK_K"])
+        if _trips(self, c) < 2 or (split - 1) * _trips(self, c) >= iters:
+            return "a K slice would get fewer than 2 steps, or none"
+        return None
+
+    def tma(self, allowed: bool):
+        """TMA loads only where the operands' layout allows them."""
+        @reads(*(k.name for k in KNOBS + EXTENSIONS[:2]))
+        def tma(c: Config) -> str | None:
+            return None if allowed or not c.get("TMA", 0) else "operand rows are not 16-byte aligned for TMA"
+        return tma
+
+    def persistent(self, c: Config) -> str | None:
+        if not c.get("PERSISTENT", 0):
+            return None
+        if self.batch > 1 or c.get("SPLIT_K", 1) > 1:
+            return "the persistent loop serves single, unsplit contractions"
+        if self.tiles(c) <= self.limits.sms:
+            return "one wave of tiles: a persistent loop changes nothing"
+        return None

@@ -13,6 +13,14 @@ from tritune.schedules.config import Config
 Constraint = Callable[[Config], "str | None"]
 
 
+def reads(*knobs: str) -> Callable[[Constraint], Constraint]:
+    """Declare the only knobs a constraint looks at, so enumeration can prune partial configs."""
+    def mark(constraint: Constraint) -> Constraint:
+        constraint.reads = knobs  # type: ignore[attr-defined]
+        return constraint
+    return mark
+
+
 @dataclass(frozen=True)
 class Knob:
     """A named schedule parameter and its ordered candidate values."""
@@ -50,6 +58,10 @@ class Space:
         self.constraints = tuple(constraints)
         self._radix = [len(k.values) for k in self.knobs]
 
+    def without(self, names: Sequence[str]) -> "Space":
+        """The subspace without some knobs (their configs lack them; kernels use the knobs' defaults)."""
+        return Space([k for k in self.knobs if k.name not in names], self.constraints)
+
     @property
     def size(self) -> int:
         """Number of configs in the full product, valid or not."""
@@ -57,8 +69,31 @@ class Space:
 
     @cached_property
     def valid_indices(self) -> np.ndarray:
-        """Sorted indices of every config that passes all constraints."""
-        return np.array([i for i in range(self.size) if self.valid(self.config(i))], dtype=np.int64)
+        """Sorted indices of every config that passes all constraints.
+
+        Depth-first over the knobs in index order: a constraint that declares the knobs it reads
+        (see `reads`) runs as soon as those are set, so whole subtrees are skipped at once.
+        """
+        names = [k.name for k in self.knobs]
+        levels: list[list[Constraint]] = [[] for _ in names]
+        for c in self.constraints:
+            # a declared knob outside this space is read with its default: it never delays a check
+            levels[max((names.index(r) for r in getattr(c, "reads", names) if r in names), default=0)].append(c)
+        out: list[int] = []
+
+        def walk(depth: int, partial: dict, index: int) -> None:
+            if depth == len(names):
+                out.append(index)
+                return
+            for pos, value in enumerate(self.knobs[depth].values):
+                partial[names[depth]] = value
+                if levels[depth] and any(c(Config.of(partial)) for c in levels[depth]):
+                    continue
+                walk(depth + 1, partial, index * self._radix[depth] + pos)
+            del partial[names[depth]]
+
+        walk(0, {}, 0)
+        return np.array(out, dtype=np.int64)
 
     @cached_property
     def _valid_set(self) -> frozenset[int]:

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from tritune.kernels.family import expr_from_dict
-from tritune.records.result import MeasureResult, Status
+from tritune.kernels.family import expr_from_dict, family
+from tritune.records.result import DeviceKey, MeasureResult, Status
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits
 from tritune.tuner.builder import BuildResult
+from tritune.tuner.tuner import Task
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,13 @@ class Recording:
         device = meta["device"]
         return cls(expr_from_dict(meta["workload"]), Limits(device["shared_bytes"], device["sms"]), device,
                    meta["torch_ms"], rows)
+
+    def task(self, device: DeviceKey) -> Task:
+        """The task of the recorded workload, over the knobs the recording has (a space measured
+        before later knobs existed replays as the subspace without them)."""
+        space = family(self.expr.op).space(self.expr, self.limits)
+        recorded = set(next(iter(self.rows)))
+        return Task(self.expr, device, self.limits, tuple(k.name for k in space.knobs if k.name not in recorded))
 
     @property
     def best_ms(self) -> float:

@@ -26,6 +26,7 @@ class Task:
     expr: Any
     device: DeviceKey
     limits: Limits
+    absent: tuple[str, ...] = ()  # knobs left out of the space (at their defaults)
 
     @property
     def family(self) -> Family:
@@ -39,7 +40,8 @@ class Task:
     @cached_property
     def space(self) -> Space:
         """The schedule space of this task."""
-        return self.family.space(self.expr, self.limits)
+        space = self.family.space(self.expr, self.limits)
+        return space.without(self.absent) if self.absent else space
 
 
 def warm_start(db: Database, task: Task, min_trials: int = 8) -> Prior | None:
