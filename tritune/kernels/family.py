@@ -25,6 +25,8 @@ REGISTRY = {
     "matmul": "tritune.kernels.contraction:MATMUL",
     "bmm": "tritune.kernels.contraction:BMM",
     "conv2d": "tritune.kernels.conv_family:CONV2D",
+    "softmax": "tritune.kernels.rows_family:SOFTMAX",
+    "layernorm": "tritune.kernels.rows_family:LAYERNORM",
 }
 
 
