@@ -112,6 +112,7 @@ def test_space_keeps_k_steps_that_divide_c_and_prunes_useless_stages():
     space = CONV.space(Conv2d(8, 28, 28, 96, 128, 3, 3, padding=1), H100)
     configs = [space.config(int(i)) for i in space.valid_indices]
     assert configs and {c["BLOCK_K"] for c in configs} <= {16, 32}  # 64 does not divide 96
+    assert set(configs[0]) == {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "UNROLL"}
     odd = CONV.space(Conv2d(8, 64, 64, 3, 128, 7, 7, stride=2, padding=3), H100)
     assert len(odd.valid_indices) and {odd.config(int(i))["num_stages"] for i in odd.valid_indices} == {2}
 

@@ -11,9 +11,9 @@ from tritune.kernels.conv import AWKWARD, Conv2d  # noqa: F401  (AWKWARD: for ge
 from tritune.kernels.expr import DTYPE_BYTES, DTYPES, ExprError
 from tritune.kernels.family import Family, Operands
 from tritune.schedules.config import Config
-from tritune.schedules.space import Knob, Limits, Space
+from tritune.schedules.space import Limits, Space
 
-# Knobs the conv template reads; any other knob of the matmul space is pinned to its first value.
+# Knobs the conv template reads; the matmul space's others (split-K, TMA, persistent) are left out.
 KNOBS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "UNROLL")
 EXTRA_FEATURES = ("rs_outer", "log2_c", "taps", "k_trips_conv", "waste_k_conv", "input_reuse")
 MIN_K_STEP = 16  # tl.dot's smallest K
@@ -63,9 +63,8 @@ class Conv2dFamily(Family):
 
         view = expr.as_matmul()
         base = matmul_space(view.m, view.n, view.k, DTYPE_BYTES[expr.dtype], limits, batch=view.batch)
-        knobs = tuple(k if k.name in KNOBS else Knob(k.name, k.values[:1]) for k in base.knobs)
-
-        stages = dict((k.name, k.values) for k in knobs)["num_stages"]
+        base = base.without([k.name for k in base.knobs if k.name not in KNOBS])  # split-K, TMA, ...
+        stages = dict((k.name, k.values) for k in base.knobs)["num_stages"]
 
         def conv_only(c: Config) -> str | None:
             # a step past C turns contiguous channel loads into a gather; only worth it when no
@@ -77,7 +76,7 @@ class Conv2dFamily(Family):
             if DTYPE_BYTES[expr.dtype] == 2 and expr.c % 2 and c["num_stages"] != stages[0]:
                 return "odd C in 2-byte types: loads are not pipelined, more stages change nothing"
             return None
-        return Space(knobs, (conv_only, *base.constraints))
+        return Space(base.knobs, (conv_only, *base.constraints))
 
     def features(self, expr: Conv2d, limits: Limits, configs: Sequence[Config]) -> np.ndarray:
         """The matmul features of the GEMM view, then conv extras (EXTRA_FEATURES)."""
