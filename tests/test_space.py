@@ -125,3 +125,10 @@ def test_without_extension_knobs_is_plain_tiling(big):
     plain = big.without([k.name for k in EXTENSIONS])
     assert [k.name for k in plain.knobs] == [k.name for k in KNOBS]
     assert len(plain.valid_indices) * 2 == len(big.valid_indices)  # x persistent off/on (TMA: rows unproven)
+
+
+def test_a_tile_is_never_pruned_for_a_larger_one_the_problem_forbids():
+    tall = matmul_space(401408, 64, 147, 2, H100)  # conv stem as GEMM: N=64 allows no wider tile
+    assert len(tall.valid_indices) > 0
+    assert tall.valid(Config.of(BLOCK_M=256, BLOCK_N=64, BLOCK_K=64, GROUP_M=1, num_warps=8, num_stages=3,
+                                UNROLL=1, SPLIT_K=1, TMA=0, PERSISTENT=0))

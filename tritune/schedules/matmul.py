@@ -107,9 +107,10 @@ class _Problem:
             return None  # no feasible larger tile
         tiles_m, tiles_n = -(-self.m // bm), -(-self.n // bn)
         enough = -(-MIN_WAVES_TO_SHRINK * self.limits.sms // self.batch)  # programs per batch entry
-        if 2 * bm <= 256 and -(-tiles_m // 2) * tiles_n >= enough:
+        # the doubled tile must itself be allowed (tile_fits), else nothing better exists
+        if 2 * bm <= min(256, max(self.min_dim, _pow2_ceil(self.m))) and -(-tiles_m // 2) * tiles_n >= enough:
             return "a tile twice as tall would still fill the GPU"
-        if 2 * bn <= 256 and tiles_m * -(-tiles_n // 2) >= enough:
+        if 2 * bn <= min(256, max(self.min_dim, _pow2_ceil(self.n))) and tiles_m * -(-tiles_n // 2) >= enough:
             return "a tile twice as wide would still fill the GPU"
         return None
 
