@@ -70,3 +70,24 @@ def test_report_errors_are_one_line(db_path, tmp_path, capsys):
     bad.write_text("not a database")
     code, err = cli(capsys, "report", "--db", str(bad), "--out", str(tmp_path))
     assert code == 2 and "not" in err and err.count("\n") == 1
+
+
+def test_transfer_never_mixes_ops_whose_features_differ():
+    import numpy as np
+
+    from tritune.cost_model.evaluate import Dataset, transfer
+    from tritune.cost_model.xgb import XGBCostModel
+    from tritune.kernels.expr import Matmul
+    from tritune.kernels.rows import Softmax
+
+    rng = np.random.default_rng(0)
+
+    def fake(expr, width):
+        X = rng.random((40, width)).astype(np.float32)
+        return Dataset(expr, "dev", X, X[:, 0], np.ones(40, bool), 1 / (X[:, 0] + 1))
+
+    sets = [fake(Matmul(64, 64, 64), 5), fake(Matmul(32, 64, 64), 5), fake(Softmax(64, 64), 3)]
+    result = transfer(sets, lambda: XGBCostModel(n_estimators=10))
+    assert np.isnan(result["matrix"][0][2]) and np.isnan(result["matrix"][2][0])
+    assert result["matrix"][0][1] > 0.5  # same op: the ordering transfers
+    assert set(result["held_out"]) == {sets[0].name, sets[1].name}  # softmax has no other softmax to learn from

@@ -84,12 +84,18 @@ def learning_curve(ds: Dataset, make_model: ModelFactory, sizes: Sequence[int], 
 
 
 def transfer(sets: Sequence[Dataset], make_model: ModelFactory) -> dict:
-    """Spearman of a model trained on one workload and tested on another (matrix), and of one
-    trained on all the others of the same device and tested on the held-out one."""
-    matrix = [[spearman(make_model().fit(a.X, a.y).predict(b.X[b.ok]), b.y[b.ok]) for b in sets] for a in sets]
+    """Spearman of a model trained on one workload and tested on another of the same op (matrix;
+    NaN across ops, whose features differ), and of one trained on all the others of the same op
+    and device and tested on the held-out one."""
+    def score(a: Dataset, b: Dataset) -> float:
+        if a.expr.op != b.expr.op:
+            return float("nan")
+        return spearman(make_model().fit(a.X, a.y).predict(b.X[b.ok]), b.y[b.ok])
+
+    matrix = [[score(a, b) for b in sets] for a in sets]
     held_out = {}
-    for i, target in enumerate(sets):
-        others = [s for s in sets if s is not target and s.device == target.device]
+    for target in sets:
+        others = [s for s in sets if s is not target and s.device == target.device and s.expr.op == target.expr.op]
         if others:
             X = np.concatenate([s.X for s in others])
             y = np.concatenate([s.y for s in others])
