@@ -228,3 +228,26 @@ def test_sm90_builds_load_full_vectors_where_rows_are_aligned():
     assert len(ptx) == len(cases)
     wide = [any("ld.global" in line and ".v4." in line for line in p.splitlines()) for p in ptx]
     assert wide == [True, True, True, False, False]
+
+
+def test_tune_cli_runs_softmax_end_to_end(monkeypatch, tmp_path):
+    """The tuner's wiring with a fake GPU worker: the sa search proposes from this space and features,
+    and the summary is rated in TB/s."""
+    from functools import partial
+
+    import fake_worker
+    from fakes import FakeBuilder
+    from tritune.tuner import session
+    from tritune.tuner.cli import main
+    from tritune.tuner.runner import Runner
+
+    monkeypatch.setattr(session, "Runner", partial(Runner, handlers=fake_worker.session_handlers))
+    monkeypatch.setattr(session, "Builder", lambda *args, **kwargs: FakeBuilder())
+    monkeypatch.setattr("tritune.tuner.cli.require_gpu", lambda: None)
+    summary = tmp_path / "s.json"
+    main(["run", "--op", "softmax", "--shape", "4096,4096", "--trials", "20", "--batch-size", "8",
+          "--db", str(tmp_path / "t.db"), "--summary-json", str(summary)])
+    out = json.loads(summary.read_text())
+    assert out["workload"] == Softmax(4096, 4096).to_dict() and out["trials"] == 20
+    assert out["space_valid"] == len(family("softmax").space(Softmax(4096, 4096), H100).valid_indices)
+    assert out["ours_rate"].endswith("TB/s") and set(out["best_config"]) == {"ROWS", "BLOCK_N", "num_warps"}

@@ -92,7 +92,7 @@ def test_config_is_a_canonical_value():
 
 
 def test_pruned_enumeration_equals_checking_every_config():
-    full = matmul_space(70, 48, 3000, 2, Limits(232448, 8), tma=True)
+    full = matmul_space(70, 48, 3000, 2, Limits(232448, 8), tma=2)
     # every other value of each knob: small enough to check one by one
     space = Space([Knob(k.name, k.values[::2]) for k in full.knobs], full.constraints)
     brute = [i for i in range(space.size) if space.valid(space.config(i))]
@@ -104,7 +104,7 @@ PLAIN = Config.of(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, n
 
 
 def test_split_k_only_where_the_grid_is_short_of_programs(big):
-    skinny = matmul_space(16, 4096, 4096, 2, H100, tma=True)
+    skinny = matmul_space(16, 4096, 4096, 2, H100, tma=2)
     assert skinny.valid(PLAIN.replace(SPLIT_K=4)) and skinny.valid(PLAIN.replace(SPLIT_K=4, TMA=1))
     assert "K step" in skinny.why_invalid(PLAIN)  # unsplit, a 256-deep step would do better
     wide = PLAIN.replace(BLOCK_N=256, BLOCK_K=256)
@@ -115,8 +115,9 @@ def test_split_k_only_where_the_grid_is_short_of_programs(big):
 
 def test_tma_only_where_rows_are_16_byte_aligned_and_persistent_only_past_one_wave(big):
     tile = PLAIN.replace(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8)
-    assert "16-byte" in big.why_invalid(tile.replace(TMA=1))  # built without tma=True
-    assert matmul_space(4096, 4096, 4096, 2, H100, tma=True).valid(tile.replace(TMA=1, PERSISTENT=1))
+    assert "16-byte" in big.why_invalid(tile.replace(TMA=1))  # built without tma
+    assert matmul_space(4096, 4096, 4096, 2, H100, tma=2).valid(tile.replace(TMA=2, PERSISTENT=1))
+    assert "16-byte" in matmul_space(4096, 4096, 4096, 2, H100, tma=1).why_invalid(tile.replace(TMA=2))
     assert "one wave" in matmul_space(512, 512, 4096, 2, H100).why_invalid(tile.replace(PERSISTENT=1))
     assert "persistent" in matmul_space(4096, 4096, 128, 2, H100, batch=4).why_invalid(tile.replace(PERSISTENT=1))
 

@@ -57,19 +57,21 @@ def problem_of(expr: Matmul, a: Any, b: Any, c: Any, bias: Any = None) -> Proble
     return Problem(expr.batch, ints, tuple(t.data_ptr() % 16 == 0 for t in pointers))
 
 
-def tma_unfit(expr: Matmul, problem: Problem) -> str | None:
-    """Why tensor-descriptor loads cannot read these operands (None when they can): TMA needs the
-    unit stride last in memory, 16-byte aligned bases and every other stride a multiple of 16 bytes.
+def tma_unfit(expr: Matmul, problem: Problem, store: bool = False) -> str | None:
+    """Why tensor descriptors cannot read these operands (or, `store`, also write the output):
+    None when they can. TMA needs the unit stride last in memory, 16-byte aligned bases and every
+    other stride a multiple of 16 bytes.
     """
     size = DTYPE_BYTES[expr.dtype]
-    for x, trans, dims in (("a", expr.trans_a, "mk"), ("b", expr.trans_b, "kn")):
+    operands = (("a", expr.trans_a, "mk"), ("b", expr.trans_b, "kn")) + ((("c", False, "mn"),) if store else ())
+    for x, trans, dims in operands:
         inner, outer = (dims[0], dims[1]) if trans else (dims[1], dims[0])
         if problem.stride(f"stride_{x}{inner}") != 1:
             return f"operand {x.upper()} is not contiguous along {inner.upper()}"
         others = [problem.stride(f"stride_{x}{outer}")] + ([problem.stride(f"stride_{x}b")] if problem.batch > 1 else [])
         if any(v * size % 16 for v in others):
-            return f"operand {x.upper()} has a row stride that is not a multiple of 16 bytes"
-    if not (problem.aligned[0] and problem.aligned[1]):
+            return f"{'output' if x == 'c' else 'operand'} {x.upper()} has a row stride that is not a multiple of 16 bytes"
+    if not all(problem.aligned[:3 if store else 2]):
         return "an operand is not 16-byte aligned"
     return None
 
@@ -126,8 +128,8 @@ class Kernel:
 
     def __init__(self, expr: Matmul, config: Config, problem: Problem, target: Any = None) -> None:
         self.expr, self.config, self.problem = expr, config, problem
-        if config.get("TMA", 0) and (why := tma_unfit(expr, problem)):
-            raise ValueError(f"config uses TMA loads but {why}")
+        if config.get("TMA", 0) and (why := tma_unfit(expr, problem, store=config["TMA"] == 2)):
+            raise ValueError(f"config uses TMA but {why}")
         sms = device_sms()
         self._launcher = Launcher(binary(expr, config, problem), grid(expr, config, sms), target)
         self.compiled = self._launcher.compiled

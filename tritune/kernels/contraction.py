@@ -89,7 +89,8 @@ class ContractionFamily(Family):
     def space(self, expr: Matmul, limits: Limits) -> Space:
         from tritune.schedules.matmul import matmul_space
 
-        tma = build.tma_unfit(expr, build.canonical_problem(expr)) is None
+        problem = build.canonical_problem(expr)
+        tma = 0 if build.tma_unfit(expr, problem) else 1 if build.tma_unfit(expr, problem, store=True) else 2
         return matmul_space(expr.m, expr.n, expr.k, DTYPE_BYTES[expr.dtype], limits, batch=expr.batch, tma=tma)
 
     def features(self, expr: Matmul, limits: Limits, configs: Sequence[Config]) -> np.ndarray:

@@ -20,6 +20,7 @@ class RowOp(Keyed):
     n: int
     dtype: str = "fp16"
     op: ClassVar[str] = ""
+    vectors: ClassVar[int] = 0  # length-N parameter vectors read besides x
 
     def __post_init__(self) -> None:
         check_fields(self, ("m", "n"))
@@ -35,8 +36,6 @@ class RowOp(Keyed):
     def bytes(self) -> int:
         """Bytes a kernel must move at least: read x and write y once (and any per-column vectors)."""
         return (2 * self.m + self.vectors) * self.n * DTYPE_BYTES[self.dtype]
-
-    vectors: ClassVar[int] = 0  # length-N parameter vectors read besides x
 
     def extra(self) -> dict:
         """Fields of a subclass beyond m, n and dtype, as stored."""

@@ -68,13 +68,19 @@ def _mainloop(A, B, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
 
 @triton.jit
 def _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
 {bias_load}{epilogue}
-    c_ptrs = C + batch * stride_cb + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn{fault_oob}
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask)
+    if TMA == 2:
+        # the TMA unit writes the tile (clipped at the edges) while the program moves on
+        c_desc = tl.make_tensor_descriptor(C + batch * stride_cb, shape=[M, N], strides=[stride_cm, 1],
+                                           block_shape=[BLOCK_M, BLOCK_N])
+        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(C.dtype.element_ty))
+    else:
+        c_ptrs = C + batch * stride_cb + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn{fault_oob}
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -123,7 +129,7 @@ def {name}(
                             stride_bb, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K,
                             DOT_PRECISION, TMA)
             _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,
-                    BLOCK_M, BLOCK_N)
+                    BLOCK_M, BLOCK_N, TMA)
     else:
         batch = tl.program_id(1).to(tl.int64)
         pid_m, pid_n = _tile_of(tl.program_id(0), grid_m, grid_n, GROUP_M)
@@ -139,10 +145,10 @@ def {name}(
             acc, last = _split_fixup(acc, WS, LOCKS, slot, split, BLOCK_M, BLOCK_N, SPLIT_K)
             if last:
                 _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,
-                        BLOCK_M, BLOCK_N)
+                        BLOCK_M, BLOCK_N, TMA)
         else:
             _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,
-                    BLOCK_M, BLOCK_N)
+                    BLOCK_M, BLOCK_N, TMA)
 '''
 
 _BIAS_LOAD = "    bias = tl.load(BIAS + offs_n * stride_bias, mask=offs_n < N, other=0.0).to(tl.float32)\n"

@@ -20,7 +20,7 @@ KNOBS = (
 # constraint reads them with .get and their off value, so `Space.without` them is plain tiling.
 EXTENSIONS = (
     Knob("SPLIT_K", (1, 2, 4, 8, 16)),
-    Knob("TMA", (0, 1)),
+    Knob("TMA", (0, 1, 2)),  # tensor descriptors: 1 for the loads, 2 for the output store too
     Knob("PERSISTENT", (0, 1)),
 )
 WARPS = dict((k.name, k.values) for k in KNOBS)["num_warps"]
@@ -58,15 +58,17 @@ def _pow2_ceil(x: int) -> int:
 
 def shared_estimate(config: Config, element_bytes: int) -> int:
     """Shared memory of the software pipeline: one A and one B tile per stage per unrolled step
-    (and, with TMA loads, one 8-byte arrival barrier per stage)."""
+    (with TMA loads, one 8-byte arrival barrier per stage; with a TMA store, the output tile)."""
     tile = (config["BLOCK_M"] + config["BLOCK_N"]) * config["BLOCK_K"] * element_bytes
-    return config["num_stages"] * (config["UNROLL"] * tile + 8 * config.get("TMA", 0))
+    tma = config.get("TMA", 0)
+    out = config["BLOCK_M"] * config["BLOCK_N"] * element_bytes if tma == 2 else 0
+    return config["num_stages"] * (config["UNROLL"] * tile + 8 * bool(tma)) + out
 
 
 def matmul_space(m: int, n: int, k: int, element_bytes: int, limits: Limits, batch: int = 1,
-                 tma: bool = False) -> Space:
+                 tma: int = 0) -> Space:
     """The space for a (batch of) M x N x K contraction; constraints prune what cannot run or is
-    redundant. `tma`: the operands' layout allows tensor-descriptor loads.
+    redundant. `tma`: the largest TMA value the layout allows (1: loads, 2: the store too).
     """
     p = _Problem(m, n, k, element_bytes, batch, limits)
     return Space(KNOBS + EXTENSIONS, (p.tile_fits, p.not_too_small, p.registers, p.k_step_too_small,
@@ -155,11 +157,11 @@ class _Problem:
             return "a K slice would get fewer than 2 steps, or none"
         return None
 
-    def tma(self, allowed: bool):
-        """TMA loads only where the operands' layout allows them."""
+    def tma(self, allowed: int):
+        """Tensor descriptors only where the operands' layout allows them."""
         @reads(*(k.name for k in KNOBS + EXTENSIONS[:2]))
         def tma(c: Config) -> str | None:
-            return None if allowed or not c.get("TMA", 0) else "operand rows are not 16-byte aligned for TMA"
+            return None if c.get("TMA", 0) <= allowed else "rows are not 16-byte aligned for TMA"
         return tma
 
     def persistent(self, c: Config) -> str | None:
