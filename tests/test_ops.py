@@ -82,3 +82,29 @@ def test_transposed_inputs_and_bias(tmp_path):
 def test_mismatched_shapes_are_a_clear_error():
     with pytest.raises(ValueError, match="do not match"):
         ops.explain(torch.randn(3, 4), torch.randn(5, 6))
+
+
+def test_call_signature_tells_alignment_layout_and_dtype_apart(tmp_path):
+    """The per-call cache key must select another binary whenever the facts it was built for change."""
+    store(tmp_path / "t.db", Matmul(33, 29, 47, dtype="fp32"))
+    base, b = torch.randn(33 * 47 + 1), torch.randn(47, 29)
+    aligned, shifted = base[:-1].view(33, 47), base[1:].view(33, 47)  # same shape and strides, 4 bytes apart
+    transposed = aligned.t().contiguous().t()
+    with tritune.apply_history_best(tmp_path / "t.db"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for a in (aligned, shifted, transposed, aligned):
+            check(ops.matmul(a, b), a, b)
+        kernels = [e.kernel for e in ops._entries.values() if e.kernel.expr.m == 33 and e.kernel.expr.k == 47]
+        assert sorted((k.problem.aligned[0], k.expr.trans_a) for k in kernels) == [(False, False), (True, False), (True, True)]
+        with pytest.raises(ValueError, match="one dtype"):
+            ops.matmul(aligned, b.double())  # same shapes and strides as a cached call, other dtype
+
+
+def test_given_config_and_odd_strides():
+    a = torch.randn(2, 21, 40)[:, :, ::2]  # neither of the last two strides is 1: copied
+    b = torch.randn(2, 20, 17)
+    y = ops.matmul(a, b, config=FAST, epilogue=[Gelu(approximate="tanh")])
+    ref = torch.nn.functional.gelu(a.double() @ b.double(), approximate="tanh")
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-5
+    entry = next(e for e in ops._entries.values() if e.kernel.expr.m == 21 and e.kernel.expr.n == 17)
+    assert entry.choice.source == "given" and entry.kernel.config == FAST and entry.copy_a and not entry.copy_b

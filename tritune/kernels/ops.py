@@ -8,63 +8,92 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
-from tritune.kernels.build import Kernel, problem_of
+import torch
+
+from tritune.kernels.build import DEFAULT, Kernel, problem_of
 from tritune.kernels.device import device_info, device_key
 from tritune.kernels.expr import BiasAdd, Epilogue, ExprError, Matmul
 from tritune.records import dispatch
 from tritune.schedules.config import Config
 from tritune.settings import SETTINGS
 
-DEFAULT = Config.of(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3, UNROLL=1)
 DTYPE_NAMES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}
 
 
 @dataclass(frozen=True)
 class Choice:
-    """The config an op will run and where it came from: 'tuned', 'nearest' or 'default'."""
+    """The config an op will run and where it came from: 'tuned', 'nearest', 'default' or 'given'."""
 
     config: Config
     source: str
     expr: Matmul
 
 
-_kernels: dict[tuple, tuple[Kernel, Choice]] = {}
+class _Entry(NamedTuple):
+    """What one call signature runs: the kernel, the output's layout, and which operands need a copy."""
+
+    kernel: Kernel
+    choice: Choice
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: Any
+    device: Any
+    copy_a: bool
+    copy_b: bool
+
+
+_entries: dict[tuple, _Entry] = {}
+_histories: dict[Any, dispatch.HistoryBest] = {}
 _warned: set[str] = set()
 
 
-def _expr_of(a: Any, b: Any, bias: Any, epilogue: Sequence[Epilogue]) -> Matmul:
+def layout_of(t: Any) -> bool | None:
+    """True when a matrix operand is stored transposed (unit stride on its rows), False when row-major,
+    None when neither of its last two strides is 1 (the kernels need one of the two).
+    """
+    rows, cols = t.stride()[-2:]
+    return False if cols == 1 else True if rows == 1 else None
+
+
+def contraction_expr(a: Any, b: Any, epilogue: Sequence[Epilogue], allow_tf32: bool = True) -> Matmul:
+    """The Matmul computing epilogue(a @ b) for tensors (real or fake) a [B,]M,K and b [B,]K,N."""
     if a.dim() not in (2, 3) or b.dim() not in (2, 3) or a.shape[-1] != b.shape[-2]:
         raise ExprError(f"matmul shapes do not match: {tuple(a.shape)} @ {tuple(b.shape)}")
     if a.dtype != b.dtype or str(a.dtype) not in DTYPE_NAMES:
         raise ExprError(f"matmul needs two fp16, bf16 or fp32 tensors of one dtype, got {a.dtype} and {b.dtype}")
+    if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0]:
+        raise ExprError(f"batch sizes differ: {a.shape[0]} and {b.shape[0]}")
     batch = max(a.shape[0] if a.dim() == 3 else 1, b.shape[0] if b.dim() == 3 else 1)
+    return Matmul(a.shape[-2], b.shape[-1], a.shape[-1], batch=batch, dtype=DTYPE_NAMES[str(a.dtype)],
+                  trans_a=bool(layout_of(a)), trans_b=bool(layout_of(b)), epilogue=tuple(epilogue),
+                  allow_tf32=allow_tf32)
+
+
+def _expr_of(a: Any, b: Any, bias: Any, epilogue: Sequence[Epilogue]) -> Matmul:
     steps = tuple(epilogue)
     if bias is not None and not any(e.needs_bias for e in steps):
         steps = (BiasAdd(), *steps)
-    return Matmul(a.shape[-2], b.shape[-1], a.shape[-1], batch=batch, dtype=DTYPE_NAMES[str(a.dtype)],
-                  trans_a=a.stride(-2) == 1 and a.stride(-1) != 1, trans_b=b.stride(-2) == 1 and b.stride(-1) != 1,
-                  epilogue=steps, allow_tf32=True)
+    return contraction_expr(a, b, steps)
 
 
 def _history(db: Any) -> dispatch.HistoryBest | None:
-    if db is not None:
-        return db if isinstance(db, dispatch.HistoryBest) else _default_history(Path(db))
-    active = dispatch.current()
-    if active is not None:
-        return active
-    return _default_history(SETTINGS.db_path) if SETTINGS.db_path.exists() else None
+    """The history of `db` (a path or a HistoryBest), else the active context, else the default database."""
+    if db is None:
+        return dispatch.current() or _default()
+    if isinstance(db, dispatch.HistoryBest):
+        return db
+    if db not in _histories:
+        _histories[db] = dispatch.HistoryBest(db)
+    return _histories[db]
 
 
-_histories: dict[Path, dispatch.HistoryBest] = {}
-
-
-def _default_history(path: Path) -> dispatch.HistoryBest:
-    if path not in _histories:
-        _histories[path] = dispatch.HistoryBest(path)
-    return _histories[path]
+def _default() -> dispatch.HistoryBest | None:
+    # opened once the file exists; until then each call checks (and runs untuned defaults anyway)
+    if None not in _histories and SETTINGS.db_path.exists():
+        _histories[None] = dispatch.HistoryBest(SETTINGS.db_path)
+    return _histories.get(None)
 
 
 def choose(expr: Matmul, history: dispatch.HistoryBest | None, device_index: int = 0) -> Choice:
@@ -85,38 +114,51 @@ def _warn(choice: Choice, what: str) -> Choice:
     if choice.expr.key not in _warned:
         _warned.add(choice.expr.key)
         warnings.warn(f"tritune: no tuned config for {choice.expr.describe()} on this device; using {what}",
-                      stacklevel=4)
+                      stacklevel=5)
     return choice
 
 
-def matmul(a: Any, b: Any, bias: Any = None, *, epilogue: Sequence[Epilogue] = (), db: Any = None) -> Any:
-    """epilogue(a @ b [+ bias]) with the best tuned config; a, b 2-D or 3-D (batched) tensors."""
-    # contiguous unless one of the last two dims already is: any other stride pattern is copied
-    a = a if 1 in a.stride()[-2:] else a.contiguous()
-    b = b if 1 in b.stride()[-2:] else b.contiguous()
-    history = _history(db)
-    sig = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, tuple(epilogue),
-           None if bias is None else (bias.shape, bias.stride()), id(history),
-           a.data_ptr() % 16, b.data_ptr() % 16, None if bias is None else bias.data_ptr() % 16)
-    entry = _kernels.get(sig)
+def matmul(a: Any, b: Any, bias: Any = None, *, epilogue: Sequence[Epilogue] = (), db: Any = None,
+           config: Config | None = None) -> Any:
+    """epilogue(a @ b [+ bias]) with the best tuned config (or exactly `config`); a, b 2-D or 3-D tensors."""
+    source = config if config is not None else _history(db)
+    steps = epilogue if type(epilogue) is tuple else tuple(epilogue)
+    # Everything a compiled binary assumes (shapes, strides, dtypes, device, 16-byte alignment), read
+    # with the cheapest accessors: this key is built on every call.
+    sig = (a.shape, a.stride(), a.dtype, a.data_ptr() & 15, a.get_device(),
+           b.shape, b.stride(), b.dtype, b.data_ptr() & 15, b.get_device(), steps, source,
+           None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.data_ptr() & 15, bias.get_device()))
+    entry = _entries.get(sig)
     if entry is None:
-        entry = _kernels[sig] = _prepare(a, b, bias, epilogue, history)
-    kernel, choice = entry
-    out = a.new_empty((choice.expr.batch, choice.expr.m, choice.expr.n) if max(a.dim(), b.dim()) == 3
-                      else (choice.expr.m, choice.expr.n))
+        entry = _entries[sig] = _prepare(a, b, bias, steps, source)
+    kernel, _, shape, strides, dtype, device, copy_a, copy_b = entry
+    if copy_a:
+        a = a.contiguous()
+    if copy_b:
+        b = b.contiguous()
+    out = torch.empty_strided(shape, strides, dtype=dtype, device=device)
     kernel(a, b, out, bias)
     return out
 
 
-def _prepare(a: Any, b: Any, bias: Any, epilogue: Sequence[Epilogue], history: Any) -> tuple[Kernel, Choice]:
+def _prepare(a: Any, b: Any, bias: Any, epilogue: Sequence[Epilogue], source: Any) -> _Entry:
+    if a.device != b.device or (bias is not None and bias.device != a.device):
+        raise ExprError(f"matmul operands are on different devices: {a.device} and {b.device}")
+    if bias is not None and bias.dtype != a.dtype:
+        raise ExprError(f"bias dtype {bias.dtype} differs from the operands' {a.dtype}")
+    # any stride pattern other than row-major or transposed is copied to contiguous
+    copy_a, copy_b = layout_of(a) is None, layout_of(b) is None
+    a = a.contiguous() if copy_a else a
+    b = b.contiguous() if copy_b else b
     expr = _expr_of(a, b, bias, epilogue)
-    if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0]:
-        raise ExprError(f"batch sizes differ: {a.shape[0]} and {b.shape[0]}")
-    index = (a.device.index or 0) if a.is_cuda else 0
-    choice = choose(expr, history, index)
-    shape = (expr.batch, expr.m, expr.n)
+    if isinstance(source, Config):
+        choice = Choice(source, "given", expr)
+    else:
+        choice = choose(expr, source, (a.device.index or 0) if a.is_cuda else 0)
+    shape = (expr.batch, expr.m, expr.n) if max(a.dim(), b.dim()) == 3 else (expr.m, expr.n)
     probe = a.new_empty(shape)  # the output is always a fresh contiguous tensor like this one
-    return Kernel(expr, choice.config, problem_of(expr, a, b, probe, bias)), choice
+    kernel = Kernel(expr, choice.config, problem_of(expr, a, b, probe, bias))
+    return _Entry(kernel, choice, shape, probe.stride(), a.dtype, a.device, copy_a, copy_b)
 
 
 def explain(a: Any, b: Any, bias: Any = None, *, epilogue: Sequence[Epilogue] = (), db: Any = None) -> Choice:

@@ -11,7 +11,15 @@ from tritune.records.database import Database
 from tritune.records.result import DeviceKey
 from tritune.schedules.config import Config
 
-_local = threading.local()
+
+class _Local(threading.local):
+    """Per-thread stack of active replay contexts (an attribute read, not a hasattr, on every op call)."""
+
+    def __init__(self) -> None:
+        self.stack: list[HistoryBest] = []
+
+
+_local = _Local()
 
 
 class HistoryBest:
@@ -39,24 +47,18 @@ class HistoryBest:
         return self._tuned[key]
 
 
-def _stack() -> list[HistoryBest]:
-    if not hasattr(_local, "stack"):
-        _local.stack = []
-    return _local.stack
-
-
 @contextmanager
 def apply_history_best(db: Database | str | Path) -> Iterator[HistoryBest]:
     """Within this block, tritune ops run the best configs stored in `db`."""
     context = db if isinstance(db, HistoryBest) else HistoryBest(db)
-    _stack().append(context)
+    _local.stack.append(context)
     try:
         yield context
     finally:
-        _stack().pop()
+        _local.stack.pop()
 
 
 def current() -> HistoryBest | None:
     """The innermost active replay context of this thread, if any."""
-    stack = _stack()
+    stack = _local.stack
     return stack[-1] if stack else None
