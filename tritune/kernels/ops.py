@@ -71,14 +71,14 @@ def contraction_expr(a: Any, b: Any, epilogue: Sequence[Epilogue], allow_tf32: b
                   allow_tf32=allow_tf32)
 
 
-def _expr_of(a: Any, b: Any, bias: Any, epilogue: Sequence[Epilogue]) -> Matmul:
+def _expr_of(a: Any, b: Any, bias: Any, epilogue: Sequence[Epilogue], allow_tf32: bool = True) -> Matmul:
     steps = tuple(epilogue)
     if bias is not None and not any(e.needs_bias for e in steps):
         steps = (BiasAdd(), *steps)
-    return contraction_expr(a, b, steps)
+    return contraction_expr(a, b, steps, allow_tf32)
 
 
-def _history(db: Any) -> dispatch.HistoryBest | None:
+def history_of(db: Any) -> dispatch.HistoryBest | None:
     """The history of `db` (a path or a HistoryBest), else the active context, else the default database."""
     if db is None:
         return dispatch.current() or _default()
@@ -119,18 +119,21 @@ def _warn(choice: Choice, what: str) -> Choice:
 
 
 def matmul(a: Any, b: Any, bias: Any = None, *, epilogue: Sequence[Epilogue] = (), db: Any = None,
-           config: Config | None = None) -> Any:
-    """epilogue(a @ b [+ bias]) with the best tuned config (or exactly `config`); a, b 2-D or 3-D tensors."""
-    source = config if config is not None else _history(db)
+           config: Config | None = None, allow_tf32: bool = True) -> Any:
+    """epilogue(a @ b [+ bias]) with the best tuned config (or exactly `config`); a, b 2-D or 3-D tensors.
+
+    allow_tf32 lets fp32 operands use tf32 tensor cores (and picks the records tuned that way).
+    """
+    source = config if config is not None else history_of(db)
     steps = epilogue if type(epilogue) is tuple else tuple(epilogue)
     # Everything a compiled binary assumes (shapes, strides, dtypes, device, 16-byte alignment), read
     # with the cheapest accessors: this key is built on every call.
     sig = (a.shape, a.stride(), a.dtype, a.data_ptr() & 15, a.get_device(),
-           b.shape, b.stride(), b.dtype, b.data_ptr() & 15, b.get_device(), steps, source,
+           b.shape, b.stride(), b.dtype, b.data_ptr() & 15, b.get_device(), steps, source, allow_tf32,
            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.data_ptr() & 15, bias.get_device()))
     entry = _entries.get(sig)
     if entry is None:
-        entry = _entries[sig] = _prepare(a, b, bias, steps, source)
+        entry = _entries[sig] = _prepare(a, b, bias, steps, source, allow_tf32)
     kernel, _, shape, strides, dtype, device, copy_a, copy_b = entry
     if copy_a:
         a = a.contiguous()
@@ -141,7 +144,7 @@ def matmul(a: Any, b: Any, bias: Any = None, *, epilogue: Sequence[Epilogue] = (
     return out
 
 
-def _prepare(a: Any, b: Any, bias: Any, epilogue: Sequence[Epilogue], source: Any) -> _Entry:
+def _prepare(a: Any, b: Any, bias: Any, epilogue: Sequence[Epilogue], source: Any, allow_tf32: bool) -> _Entry:
     if a.device != b.device or (bias is not None and bias.device != a.device):
         raise ExprError(f"matmul operands are on different devices: {a.device} and {b.device}")
     if bias is not None and bias.dtype != a.dtype:
@@ -150,7 +153,7 @@ def _prepare(a: Any, b: Any, bias: Any, epilogue: Sequence[Epilogue], source: An
     copy_a, copy_b = layout_of(a) is None, layout_of(b) is None
     a = a.contiguous() if copy_a else a
     b = b.contiguous() if copy_b else b
-    expr = _expr_of(a, b, bias, epilogue)
+    expr = _expr_of(a, b, bias, epilogue, allow_tf32)
     if isinstance(source, Config):
         choice = Choice(source, "given", expr)
     else:
@@ -163,4 +166,4 @@ def _prepare(a: Any, b: Any, bias: Any, epilogue: Sequence[Epilogue], source: An
 
 def explain(a: Any, b: Any, bias: Any = None, *, epilogue: Sequence[Epilogue] = (), db: Any = None) -> Choice:
     """Which config `matmul` would run for these arguments, and why."""
-    return choose(_expr_of(a, b, bias, epilogue), _history(db))
+    return choose(_expr_of(a, b, bias, epilogue), history_of(db))

@@ -1,0 +1,126 @@
+"""tritune.compiler: the backend's graph rewrite on CPU (interpreter kernels) matches eager; misses fall back."""
+import logging
+from collections import Counter
+
+import pytest
+import torch
+from torch import nn
+
+import tritune
+from models import Awkward, awkward_inputs
+from tritune.kernels import ops, tuned_op
+from tritune.kernels.device import device_info, device_key
+from tritune.kernels.ops import contraction_expr
+from tritune.records.database import Database
+from tritune.records.result import MeasureResult, Status
+from tritune.schedules.config import Config
+
+FAST = Config.of(BLOCK_M=32, BLOCK_N=32, BLOCK_K=16, GROUP_M=1, num_warps=2, num_stages=2, UNROLL=1)
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3}
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()  # compiled code is cached per function: each test compiles anew
+    yield
+    torch._dynamo.reset()
+
+
+def store(path, exprs):
+    db = Database(path)
+    for expr in exprs:
+        db.add_workload(expr.key, expr.op, expr.dtype, expr.to_json())
+        db.save(expr.key, device_key(device_info()), [MeasureResult(FAST, Status.OK, 1.0, 1.0, 1.0, 1.0)])
+    db.close()
+    return path
+
+
+def rel_errors(outs, refs):
+    return [((o.double() - r.double()).norm() / r.double().norm()).item() for o, r in zip(outs, refs)]
+
+
+@pytest.fixture
+def tuned_calls(monkeypatch):
+    calls = []
+    original = tuned_op.Bound.__call__
+
+    def counting(self, a, b, bias):
+        calls.append(self.expr.describe())
+        return original(self, a, b, bias)
+    monkeypatch.setattr(tuned_op.Bound, "__call__", counting)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rewrite_runs_tuned_kernels_and_matches_eager(tmp_path, tuned_calls, dtype):
+    model, inputs = Awkward().to(dtype), awkward_inputs(dtype)
+    tasks = tritune.extract_tasks(model, inputs)
+    db = store(tmp_path / "t.db", [t.expr for t in tasks[:-1]])  # the baddbmm workload stays untuned
+    backend = tritune.compiler(db, fallback="eager")
+    with torch.no_grad():
+        outs = torch.compile(model, backend=backend, fullgraph=True)(*inputs)
+        refs = model(*inputs)
+    assert max(rel_errors(outs, refs)) < TOLERANCE[dtype]
+    # the backend looked up exactly the extracted workloads, and ran a kernel for each tuned one
+    assert Counter(d for d, _ in backend.sites) == Counter({t.expr.describe(): t.count for t in tasks[:-2]}) + \
+        Counter([tasks[-1].expr.describe()] * 2)
+    assert [s for _, s in backend.sites].count("miss") == 1
+    assert Counter(tuned_calls) == Counter(d for d, s in backend.sites if s == "tuned")
+
+
+def test_misses_fall_back_and_are_logged_once(tmp_path, caplog, tuned_calls):
+    model, x = nn.Linear(23, 19), torch.randn(17, 23)
+    backend = tritune.compiler(store(tmp_path / "t.db", []), fallback="eager")
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="tritune.compiler"):
+        for _ in range(2):
+            torch._dynamo.reset()
+            y = torch.compile(model, backend=backend)(x)
+    assert [r.getMessage() for r in caplog.records] == [
+        "tritune: no tuned record on triton-interpreter for 1 of 1 contractions, left to the fallback: "
+        "matmul 17x19x23 fp32 NT+bias"]
+    assert tuned_calls == [] and backend.sites == [("matmul 17x19x23 fp32 NT+bias", "miss")] * 2
+    assert torch.allclose(y, model(x))
+
+
+def test_grad_mode_leaves_the_graph_to_the_fallback(tmp_path, caplog, tuned_calls):
+    model, x = nn.Linear(23, 21), torch.randn(17, 23)
+    expr = tritune.extract_tasks(model, (x,))[0].expr
+    backend = tritune.compiler(store(tmp_path / "t.db", [expr]), fallback="eager")
+    with caplog.at_level(logging.WARNING, logger="tritune.compiler"):
+        y = torch.compile(model, backend=backend)(x)
+    assert y.requires_grad and tuned_calls == [] and backend.sites == []
+    assert "no backward" in caplog.text
+
+
+def test_inductor_compiles_the_rest(tmp_path, tuned_calls):
+    from torch._inductor.utils import run_and_get_code
+
+    model = nn.Sequential(nn.Linear(29, 47), nn.GELU(), nn.Linear(47, 13))
+    x = torch.randn(33, 29)
+    first = tritune.extract_tasks(model, (x,))[0].expr  # only the first layer is tuned
+    compiled = torch.compile(model, backend=tritune.compiler(store(tmp_path / "t.db", [first])))
+    with torch.no_grad():
+        y, code = run_and_get_code(compiled, x)
+        ref = model(x)
+    assert rel_errors([y], [ref])[0] < 1e-5 and tuned_calls == [first.describe()]
+    assert "torch.ops.tritune.matmul.default" in code[0] and "extern_kernels.addmm" in code[0]
+
+
+def test_a_call_site_checks_layout_and_alignment(monkeypatch):
+    a, b = torch.randn(33, 29), torch.randn(29, 47)
+    spec = tuned_op.spec_of(contraction_expr(a, b, ()), FAST, a, b, None)
+    through_ops = []
+    monkeypatch.setattr(ops, "matmul", lambda *args, **kw: through_ops.append(1) or a.new_zeros(33, 47))
+    assert torch.allclose(tuned_op.OP(a, b, None, spec), a @ b, atol=1e-5) and not through_ops
+    shifted = torch.randn(33 * 29 + 1)[1:].view(33, 29)  # same layout, 4 bytes off the alignment
+    transposed = a.t().contiguous().t()
+    for other in (shifted, transposed):
+        tuned_op.OP(other, b, None, spec)
+    assert len(through_ops) == 2
+
+
+def test_bad_database_is_reported_when_the_backend_is_made(tmp_path):
+    from tritune.records.database import DatabaseError
+
+    with pytest.raises(DatabaseError):
+        tritune.compiler(tmp_path / "missing.db")

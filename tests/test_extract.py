@@ -1,0 +1,70 @@
+"""extract_tasks: contractions, layouts and fused epilogues found in small models, with counts."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tritune
+from models import AWKWARD_TASKS, Awkward, awkward_inputs
+from tritune.kernels.expr import BiasAdd, Gelu, Scale
+from tritune.kernels.extract import ExtractError
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+import example_model  # noqa: E402
+
+
+def summary(tasks):
+    return [(t.expr.describe(), t.count) for t in tasks]
+
+
+def test_awkward_model_tasks_counts_layouts_and_epilogues():
+    tasks = tritune.extract_tasks(Awkward(), awkward_inputs())
+    assert summary(tasks) == AWKWARD_TASKS
+    up, down, *_, bmm, baddbmm = tasks
+    assert up.expr.epilogue == (BiasAdd(), Gelu("tanh")) and up.expr.trans_b and not up.expr.trans_a
+    assert down.unfused == ("residual add",) and up.unfused == ()
+    assert bmm.expr.epilogue == (Scale(0.25), BiasAdd()) and baddbmm.expr.epilogue == (Scale(0.5), BiasAdd())
+    assert bmm.expr.batch == 3 and bmm.flops == 2 * 3 * 5 * 5 * 7
+
+
+def test_meta_device_and_half_precision_give_the_same_workloads():
+    with torch.device("meta"):
+        model = Awkward().half()
+    tasks = tritune.extract_tasks(model, awkward_inputs(torch.float16, "meta"))
+    assert summary(tasks) == [(d.replace("fp32", "fp16"), n) for d, n in AWKWARD_TASKS]
+
+
+def test_transformer_block():
+    # on the device it runs on: on meta, attention would trace as its math form (two bmm)
+    model = example_model.Block(hidden=64, heads=4).half()
+    tasks = tritune.extract_tasks(model, torch.empty(2, 24, 64, dtype=torch.float16))
+    assert summary(tasks) == [("matmul 48x64x64 fp16 NT+bias", 4), ("matmul 48x256x64 fp16 NT+bias+gelu", 1),
+                              ("matmul 48x64x256 fp16 NT+bias", 1)]
+    assert tasks[0].unfused == ("residual add",)
+
+
+class Shared(nn.Module):
+    """A contraction whose result is read twice fuses nothing; a transposed A is found as such."""
+
+    def forward(self, a, b):
+        p = a.t() @ b
+        return F.relu(p), p * 2
+
+
+def test_no_fusion_past_a_shared_result_and_transposed_a():
+    tasks = tritune.extract_tasks(Shared(), (torch.randn(13, 9), torch.randn(13, 11)))
+    assert summary(tasks) == [("matmul 9x11x13 fp32 TN", 1)]
+
+
+class DataDependent(nn.Module):
+    def forward(self, x):
+        return x @ x if x.sum() > 0 else x
+
+
+def test_a_model_export_cannot_capture_is_one_clear_error():
+    with pytest.raises(ExtractError, match=r"^torch.export could not capture the model: \w+") as info:
+        tritune.extract_tasks(DataDependent(), (torch.randn(4, 4),))
+    assert "\n" not in str(info.value)

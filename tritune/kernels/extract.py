@@ -1,0 +1,71 @@
+"""Tuning tasks from a model: `tritune.extract_tasks(model, example_inputs)`.
+
+The model is captured with torch.export (nothing is computed, so uninitialised weights do, e.g.
+`model.to_empty(device=...)`), traced to the normal form the torch.compile backend matches on
+(`graph.aten_graph`), and every contraction with its fusable epilogue becomes a task; equal
+workloads are counted once. Capture on the device the model runs on: ops that pick their kernel by
+device trace differently elsewhere (on "meta", attention becomes its math form, with two bmm).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from tritune.kernels.expr import Matmul
+
+
+class ExtractError(ValueError):
+    """A model that cannot be captured, or inputs it does not accept (the message is one line)."""
+
+
+@dataclass(frozen=True)
+class ModelTask:
+    """One distinct workload of a model, how often a forward pass runs it, and what did not fuse."""
+
+    expr: Matmul
+    count: int
+    unfused: tuple[str, ...] = ()
+
+    @property
+    def flops(self) -> int:
+        """Operations of all its occurrences in one forward pass."""
+        return self.count * self.expr.flops
+
+    def describe(self) -> str:
+        """e.g. 'matmul 2048x4096x4096 fp16 NT+bias x4 (residual add unfused)'."""
+        tail = f" ({', '.join(self.unfused)} unfused)" if self.unfused else ""
+        return f"{self.expr.describe()} x{self.count}{tail}"
+
+
+def extract_tasks(model: Any, example_inputs: Any, *, allow_tf32: bool | None = None) -> list[ModelTask]:
+    """The contraction workloads of `model(*example_inputs)`, deduplicated with counts, in the order
+    the model first runs them. allow_tf32 (fp32 models) defaults to torch's matmul precision setting.
+    """
+    import torch
+
+    from tritune.kernels import graph
+
+    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    if allow_tf32 is None:
+        allow_tf32 = torch.get_float32_matmul_precision() != "highest"
+    try:
+        with torch.no_grad():
+            program = torch.export.export(model, args, strict=False)
+    except Exception as exc:  # export raises many types; the user needs the first line, not the stack
+        raise ExtractError(f"torch.export could not capture the model: {_first_line(exc)}") from None
+    matches = graph.find(graph.aten_graph(program.module(), args), allow_tf32)
+    return _count(matches)
+
+
+def _count(matches: Sequence[Any]) -> list[ModelTask]:
+    order: dict[str, ModelTask] = {}
+    for m in matches:
+        seen = order.get(m.expr.key)
+        unfused = tuple(sorted({*(seen.unfused if seen else ()), *([m.unfused] if m.unfused else [])}))
+        order[m.expr.key] = ModelTask(m.expr, (seen.count if seen else 0) + 1, unfused)
+    return list(order.values())
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
