@@ -40,3 +40,8 @@ def awkward_inputs(dtype=torch.float32, device="cpu"):
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(2, 33, 29, generator=gen), torch.randn(3, 5, 7, generator=gen)
     return x.to(device=device, dtype=dtype), y.to(device=device, dtype=dtype)
+
+
+def mlp():
+    """A factory for `tune-cli tune-model --model tests/models.py:mlp`: two workloads of equal FLOPs."""
+    return nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.Linear(96, 64))

@@ -36,7 +36,7 @@ def test_sm90_builds_use_wgmma_and_the_shared_estimate_is_exact():
     cases = [(Matmul(4096, 4096, 4096, dtype=d, epilogue=EPILOGUE), Config.of(k)) for d, k in CASES]
     cases += [(Matmul(256, 256, 256), Config.of(FAULTY, fault=f)) for f in template.FAULTS]
     cases += [(Matmul(4096, 4096, 4096, epilogue=EPILOGUE), Config.of(CASES[0][1], **extra))
-              for extra in (dict(TMA=1), dict(TMA=2, PERSISTENT=1), dict(PERSISTENT=1))]
+              for extra in (dict(TMA=1), dict(TMA=2, PERSISTENT=1), dict(PERSISTENT=1), dict(TMA=1, PERSISTENT=2))]
     cases += [(Matmul(64, 4096, 4096, epilogue=EPILOGUE), Config.of(CASES[1][1], SPLIT_K=4, UNROLL=1))]
     results = build_sm90(cases)
     assert len(results) == len(cases)

@@ -68,3 +68,51 @@ def test_a_model_export_cannot_capture_is_one_clear_error():
     with pytest.raises(ExtractError, match=r"^torch.export could not capture the model: \w+") as info:
         tritune.extract_tasks(DataDependent(), (torch.randn(4, 4),))
     assert "\n" not in str(info.value)
+
+
+MODELS = str(Path(__file__).parent / "models.py")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--model", "no_such_pkg.mod:f"], "cannot import 'no_such_pkg.mod': ModuleNotFoundError"),
+    (["--model", "missing.py:f"], "no such file: missing.py"),
+    (["--model", f"{MODELS}:nothing"], "has no callable 'nothing'"),
+    (["--model", "builtins:dict"], "the factory returned a dict, not a torch.nn.Module"),
+    (["--model", f"{MODELS}:mlp", "--input-shape", "2,x"], "bad --input-shape '2,x'"),
+    (["--model", f"{MODELS}:mlp", "--input-shape", "2,20,63"], "torch.export could not capture the model"),
+    (["--model", f"{MODELS}:mlp", "--dtype", "fp8"], "unknown dtype 'fp8'"),
+    (["--model", f"{MODELS}:mlp", "--strategy", "magic"], "unknown strategy 'magic'"),
+])
+def test_tune_model_bad_input_is_one_line_exit_2(capsys, tmp_path, args, needle):
+    from tritune.tuner.cli import main
+
+    argv = ["tune-model", "--input-shape", "2,20,64", *args, "--db", str(tmp_path / "t.db")]
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and needle in err and err.count("\n") == 1 and err.startswith("tune-cli: ")
+    assert not (tmp_path / "t.db").exists()
+
+
+def test_tune_model_shares_the_budget_and_tunes_every_workload(monkeypatch, tmp_path, capsys):
+    from functools import partial
+
+    import fake_worker
+    from fakes import FakeBuilder
+    from tritune.records.database import Database
+    from tritune.tuner import session
+    from tritune.tuner.cli import main
+    from tritune.tuner.runner import Runner
+
+    monkeypatch.setattr(session, "Runner", partial(Runner, handlers=fake_worker.session_handlers))
+    monkeypatch.setattr(session, "Builder", lambda *args, **kwargs: FakeBuilder())
+    monkeypatch.setattr("tritune.tuner.cli.require_gpu", lambda: None)
+    db = tmp_path / "t.db"
+    main(["tune-model", "--model", f"{MODELS}:mlp", "--input-shape", "2,20,64", "--dtype", "fp32", "--trials", "25",
+          "--strategy", "random", "--db", str(db)])
+    out = capsys.readouterr()
+    assert "matmul 40x96x64 fp32 NT+bias+gelu" in out.out and "task 2/2" in out.err
+    with Database(db) as d:
+        stored = {spec: len(d.trials(key)) for key, _, _, spec in d.workloads()}
+    # equal FLOPs: 12 each, and the trial rounding left over goes to one of them
+    assert sorted(stored.values()) == [12, 13] and all('"tf32":false' in s for s in stored)

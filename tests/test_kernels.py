@@ -94,7 +94,7 @@ def test_split_k_applies_each_epilogue_once_after_the_full_sum(name):
 
 
 @pytest.mark.parametrize("extra", [dict(TMA=1), dict(TMA=2), dict(PERSISTENT=1), dict(TMA=2, PERSISTENT=1),
-                                   dict(TMA=2, SPLIT_K=2)])
+                                   dict(TMA=1, PERSISTENT=2), dict(PERSISTENT=2), dict(TMA=2, SPLIT_K=2)])
 @pytest.mark.parametrize("layout", ["nn", "tt"])
 def test_tma_and_persistent_paths_match_reference(extra, layout):
     # every stride a multiple of 16 bytes (TMA's condition); edges of M, N and K are partial tiles

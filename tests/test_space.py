@@ -125,7 +125,8 @@ def test_tma_only_where_rows_are_16_byte_aligned_and_persistent_only_past_one_wa
 def test_without_extension_knobs_is_plain_tiling(big):
     plain = big.without([k.name for k in EXTENSIONS])
     assert [k.name for k in plain.knobs] == [k.name for k in KNOBS]
-    assert len(plain.valid_indices) * 2 == len(big.valid_indices)  # x persistent off/on (TMA: rows unproven)
+    # x persistent off / on / flattened (some flattened ones need too much shared memory); no TMA here
+    assert 2 * len(plain.valid_indices) < len(big.valid_indices) <= 3 * len(plain.valid_indices)
 
 
 def test_a_tile_is_never_pruned_for_a_larger_one_the_problem_forbids():

@@ -35,7 +35,7 @@ def config_features(expr: Matmul, limits: Limits, c: Config) -> list[float]:
     tm, tn, trips = _cdiv(expr.m, bm), _cdiv(expr.n, bn), _cdiv(_cdiv(expr.k, bk), split)
     programs = tm * tn * expr.batch * split
     if persistent:
-        programs = min(programs, limits.sms * persistent)
+        programs = min(programs, limits.sms)
     waves = programs / limits.sms
     shared = shared_estimate(c, eb)
     acc = bm * bn / (32 * warps)

@@ -111,11 +111,11 @@ def tiles(expr: Matmul, config: Config) -> int:
 
 
 def grid(expr: Matmul, config: Config, sms: int) -> tuple[int, int, int]:
-    """Launch grid: a program per output tile (and K slice) per batch entry, or, persistent, a
-    fixed number of programs per SM walking the tiles.
+    """Launch grid: a program per output tile (and K slice) per batch entry, or, persistent, one
+    program per SM (per batch entry) walking the tiles.
     """
     if config.get("PERSISTENT", 0):
-        return (min(tiles(expr, config), sms * config["PERSISTENT"]), expr.batch, 1)
+        return (min(tiles(expr, config), sms), expr.batch, 1)
     return (tiles(expr, config), expr.batch, config.get("SPLIT_K", 1))
 
 

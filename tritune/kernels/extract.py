@@ -52,7 +52,7 @@ def extract_tasks(model: Any, example_inputs: Any, *, allow_tf32: bool | None = 
         with torch.no_grad():
             program = torch.export.export(model, args, strict=False)
     except Exception as exc:  # export raises many types; the user needs the first line, not the stack
-        raise ExtractError(f"torch.export could not capture the model: {_first_line(exc)}") from None
+        raise ExtractError(f"torch.export could not capture the model: {first_line(exc)}") from None
     matches = graph.find(graph.aten_graph(program.module(), args), allow_tf32)
     return _count(matches)
 
@@ -66,6 +66,7 @@ def _count(matches: Sequence[Any]) -> list[ModelTask]:
     return list(order.values())
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """'TypeName: first line of the message' (user code raises anything; one line is what we show)."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"

@@ -30,15 +30,12 @@ def _tile_of(tile, grid_m, grid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _mainloop(A, B, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
+def _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
               stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr):
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if TMA:
-        # tensor-descriptor loads: the TMA unit fetches whole tiles (zero-filled past the edges),
-        # which needs 16-byte aligned rows but no alignment of the shape itself
-{tma_descriptors}
         for k in tl.range(k_lo, k_hi, loop_unroll_factor=UNROLL):
 {tma_loads}
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
@@ -120,25 +117,31 @@ def {name}(
     grid_n = tl.cdiv(N, BLOCK_N)
     tiles = grid_m * grid_n
     k_iters = tl.cdiv(K, BLOCK_K)
+    batch = tl.program_id(1).to(tl.int64)
+    a_desc, b_desc = A, B  # stand-ins, never read without TMA
+    if TMA:
+        # tensor-descriptor loads: the TMA unit fetches whole tiles (zero-filled past the edges),
+        # which needs 16-byte aligned rows but no alignment of the shape itself
+{tma_descriptors}
     if PERSISTENT:
-        # a fixed grid of programs walks every (batch, tile): no launch tail, no program start-up
-        for t in tl.range(tl.program_id(0), tiles * tl.num_programs(1), tl.num_programs(0)):
-            batch = (t // tiles).to(tl.int64)
-            pid_m, pid_n = _tile_of(t % tiles, grid_m, grid_n, GROUP_M)
-            acc = _mainloop(A, B, batch, pid_m, pid_n, 0, k_iters, M, N, K, stride_ab, stride_am, stride_ak,
-                            stride_bb, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K,
+        # a fixed grid of programs per batch entry walks its tiles: no launch tail, descriptors
+        # built once; PERSISTENT=2 flattens tile and K loops into one, so the pipeline already
+        # loads the next tile while this one's epilogue runs
+        for t in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=PERSISTENT == 2):
+            pid_m, pid_n = _tile_of(t, grid_m, grid_n, GROUP_M)
+            acc = _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, 0, k_iters, M, N, K,
+                            stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K,
                             DOT_PRECISION, TMA)
             _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,
                     BLOCK_M, BLOCK_N, TMA)
     else:
-        batch = tl.program_id(1).to(tl.int64)
         pid_m, pid_n = _tile_of(tl.program_id(0), grid_m, grid_n, GROUP_M)
         split = tl.program_id(2)
         per_split = tl.cdiv(k_iters, SPLIT_K)
         k_lo = split * per_split
         k_hi = tl.minimum(k_lo + per_split, k_iters)
-        acc = _mainloop(A, B, batch, pid_m, pid_n, k_lo, k_hi, M, N, K, stride_ab, stride_am, stride_ak,
-                        stride_bb, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K,
+        acc = _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
+                        stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K,
                         DOT_PRECISION, TMA)
         if SPLIT_K > 1:
             slot = tl.program_id(1) * tiles + tl.program_id(0)

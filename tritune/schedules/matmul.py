@@ -21,7 +21,7 @@ KNOBS = (
 EXTENSIONS = (
     Knob("SPLIT_K", (1, 2, 4, 8, 16)),
     Knob("TMA", (0, 1, 2)),  # tensor descriptors: 1 for the loads, 2 for the output store too
-    Knob("PERSISTENT", (0, 1)),
+    Knob("PERSISTENT", (0, 1, 2)),  # a program per SM walking the tiles; 2: tile and K loops flattened
 )
 WARPS = dict((k.name, k.values) for k in KNOBS)["num_warps"]
 MAX_BLOCK_K = max(dict((k.name, k.values) for k in KNOBS)["BLOCK_K"])
@@ -58,10 +58,17 @@ def _pow2_ceil(x: int) -> int:
 
 def shared_estimate(config: Config, element_bytes: int) -> int:
     """Shared memory of the software pipeline: one A and one B tile per stage per unrolled step
-    (with TMA loads, one 8-byte arrival barrier per stage; with a TMA store, the output tile)."""
+    (with TMA loads, one 8-byte arrival barrier per stage; with a TMA store, the output tile).
+
+    A flattened persistent loop keeps the pipeline buffers live during the epilogue, so its
+    layout conversion needs its own scratch: sm_90 builds took 8-32 KB; this counts
+    min(BM x BN, 32 KB), exact for the large tiles and an over-estimate for small ones.
+    """
     tile = (config["BLOCK_M"] + config["BLOCK_N"]) * config["BLOCK_K"] * element_bytes
     tma = config.get("TMA", 0)
     out = config["BLOCK_M"] * config["BLOCK_N"] * element_bytes if tma == 2 else 0
+    if config.get("PERSISTENT", 0) == 2 and tma != 2:
+        out = min(config["BLOCK_M"] * config["BLOCK_N"], 32768)
     return config["num_stages"] * (config["UNROLL"] * tile + 8 * bool(tma)) + out
 
 
@@ -122,7 +129,7 @@ class _Problem:
         budget = acc_budget(c["num_warps"])
         return f"{per_thread} accumulator registers per thread > {budget}" if per_thread > budget else None
 
-    @reads("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "UNROLL", "SPLIT_K", "TMA")
+    @reads(*(k.name for k in KNOBS + EXTENSIONS))
     def shared(self, c: Config) -> str | None:
         need = shared_estimate(c, self.element_bytes)
         return f"shared memory {need} > {self.limits.shared_bytes}" if need > self.limits.shared_bytes else None

@@ -104,6 +104,49 @@ def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, trials, s
         Path(summary_json).write_text(json.dumps(summary, indent=2))
 
 
+@cli.command("tune-model")
+@click.option("--model", "model_spec", required=True, help="pkg.module:factory or path/to/file.py:factory (returns a torch.nn.Module)")
+@click.option("--input-shape", "input_shapes", multiple=True, required=True, help="shape of each model input, in order, e.g. 1,2048,4096")
+@click.option("--dtype", default="fp16", show_default=True, help=f"model and input dtype: one of {', '.join(DTYPES)}")
+@click.option("--trials", default=256, show_default=True, type=click.IntRange(1), help="trials in total, shared by the model's workloads")
+@click.option("--strategy", default="sa", show_default=True, help=f"one of {', '.join(sorted(REGISTRY))}")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--summary-json", default=None, type=click.Path(dir_okay=False), help="also write each task's numbers here")
+@click.option("--dry-run", is_flag=True, help="only list the workloads and their trials (no GPU needed)")
+@db_option
+def tune_model(model_spec, input_shapes, dtype, trials, strategy, seed, summary_json, dry_run, db_path) -> None:
+    """Extract a model's contractions (with their fusable epilogues) and tune each on this GPU."""
+    from tritune.tuner import tune_model as tm
+    from tritune.tuner.display import out
+    from tritune.tuner.runner import WorkerDied
+    from tritune.tuner.session import TuneOptions
+
+    if strategy not in REGISTRY:
+        raise UsageError(f"unknown strategy {strategy!r}; known: {', '.join(sorted(REGISTRY))}")
+    try:
+        planned = tm.plan(tm.model_tasks(model_spec, input_shapes, dtype), trials)
+    except tm.ModelError as exc:
+        raise UsageError(str(exc)) from None
+    out.print(tm.plan_table(planned))
+    if dry_run:
+        return
+    try:
+        summaries = tm.tune_all(planned, _tuning_db(db_path), TuneOptions(strategy=strategy, seed=seed))
+    except WorkerDied as exc:  # the GPU worker could not even start
+        click.echo(f"tune-cli: {exc}", err=True)
+        sys.exit(EXIT_NO_GPU)
+    if summary_json:
+        Path(summary_json).write_text(json.dumps(summaries, indent=2))
+
+
+def _tuning_db(db_path: str | None) -> Database:
+    """The database to tune into, after checking an existing file and the GPU (one line each)."""
+    if Path(db_path or SETTINGS.db_path).exists():
+        open_db(db_path, must_exist=True).close()  # a bad file is reported before anything else
+    require_gpu()
+    return open_db(db_path)
+
+
 @cli.command()
 @click.option("--op", default=None, help="only this operator")
 @db_option
