@@ -25,6 +25,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=2048)
     p.add_argument("--dtype", default="fp16", choices=("fp16", "bf16", "fp32"))
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))
-    p.add_argument("--child-timeout", type=float, default=420.0, help="seconds per variant subprocess")
+    p.add_argument("--child-timeout", type=float, default=300.0, help="seconds per variant subprocess")
     p.add_argument("--overhead-only", action="store_true", help="only measure the dispatch overhead")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)  # internal: compile and time one variant
     p.add_argument("--child-json", default=None, help=argparse.SUPPRESS)
@@ -130,9 +131,16 @@ def _compile(model, variant: str, db: str) -> tuple:
 
 
 def run_child(args: argparse.Namespace, variant: str, db_path: Path, out: Path) -> dict:
-    """One variant in a subprocess with its own cold Inductor and Triton caches."""
-    cache = out / "cache" / variant
-    shutil.rmtree(cache, ignore_errors=True)
+    """One variant in a subprocess with its own cold Inductor and Triton caches (outside --out, and
+    removed afterwards: they are large)."""
+    cache = Path(tempfile.mkdtemp(prefix=f"model_bench_{variant}_"))
+    try:
+        return _child_process(args, variant, db_path, out, cache)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def _child_process(args: argparse.Namespace, variant: str, db_path: Path, out: Path, cache: Path) -> dict:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), TRITON_CACHE_DIR=str(cache / "triton"))
     result_path = out / f"variant_{variant}.json"
     result_path.unlink(missing_ok=True)
@@ -140,10 +148,14 @@ def run_child(args: argparse.Namespace, variant: str, db_path: Path, out: Path) 
            "--hidden", str(args.hidden), "--heads", str(args.heads), "--tokens", str(args.tokens), "--dtype", args.dtype]
     print(f"compiling and timing {variant} (cold caches in {cache})", flush=True)
     start = time.perf_counter()
+    log = out / f"variant_{variant}.log"  # the subprocess's output, e.g. the backend's list of misses
     try:
         proc = subprocess.run(cmd, env=env, timeout=args.child_timeout, capture_output=True, text=True)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as exc:
+        # partial output; subprocess gives it as bytes here even in text mode
+        log.write_bytes(b"".join(x if isinstance(x, bytes) else x.encode() for x in (exc.stdout, exc.stderr) if x))
         return {"variant": variant, "error": f"timed out after {args.child_timeout:.0f} s"}
+    log.write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0 or not result_path.exists():
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         return {"variant": variant, "error": f"exit {proc.returncode}: {' | '.join(tail)}"}
