@@ -145,7 +145,8 @@ def _child_process(args: argparse.Namespace, variant: str, db_path: Path, out: P
     result_path = out / f"variant_{variant}.json"
     result_path.unlink(missing_ok=True)
     cmd = [sys.executable, __file__, "--child", variant, "--child-json", str(result_path), "--db", str(db_path),
-           "--hidden", str(args.hidden), "--heads", str(args.heads), "--tokens", str(args.tokens), "--dtype", args.dtype]
+           "--hidden", str(args.hidden), "--heads", str(args.heads), "--tokens", str(args.tokens),
+           "--dtype", args.dtype]
     print(f"compiling and timing {variant} (cold caches in {cache})", flush=True)
     start = time.perf_counter()
     log = out / f"variant_{variant}.log"  # the subprocess's output, e.g. the backend's list of misses
@@ -227,7 +228,8 @@ def table(results: dict) -> str:
              f"{t['final_ours_ms']:.4f} ms vs torch {t['final_torch_ms']:.4f} ms ({t['ratio_vs_torch']:.3f}x)"
              for t in results.get("tuning", []) if t.get("final_ours_ms")]
     rows = {r["variant"]: r for r in results.get("variants", [])}
-    lines += [f"{'variant':14s} {'compile s':>9s} {'latency ms':>10s} {'eager ms':>9s} {'rel err':>8s}  tuned sites"] * bool(rows)
+    head = f"{'variant':14s} {'compile s':>9s} {'latency ms':>10s} {'eager ms':>9s} {'rel err':>8s}  tuned sites"
+    lines += [head] * bool(rows)
     for name, r in rows.items():
         if "error" in r:
             lines.append(f"{name:14s} failed: {r['error']}")
@@ -240,9 +242,9 @@ def table(results: dict) -> str:
     for other, lat_target, compile_target in (("default", 1.0, None), ("max-autotune", 1.02, 0.2)):
         theirs = rows.get(other, {})
         if "latency_ms" in ours and "latency_ms" in theirs:
-            text = f"tritune / {other}: latency {ours['latency_ms'] / theirs['latency_ms']:.3f}x (target <= {lat_target})"
-            ratio = ours["compile_s"] / theirs["compile_s"]
-            lines.append(text + f", compile time {ratio:.2f}x" + (f" (target <= {compile_target})" if compile_target else ""))
+            latency, build = ours["latency_ms"] / theirs["latency_ms"], ours["compile_s"] / theirs["compile_s"]
+            lines.append(f"tritune / {other}: latency {latency:.3f}x (target <= {lat_target}), compile time "
+                         f"{build:.2f}x" + (f" (target <= {compile_target})" if compile_target else ""))
     for o in results.get("overhead", []):
         lines.append(f"dispatch ({o['launch']} launch, {o['device']}): ops.matmul {o['ops_us']:.2f} us, Kernel "
                      f"{o['direct_us']:.2f} us per call: +{o['overhead_us']:.2f} us (target <= 5)")

@@ -126,3 +126,16 @@ def test_bad_database_is_reported_when_the_backend_is_made(tmp_path):
 
     with pytest.raises(DatabaseError):
         tritune.compiler(tmp_path / "missing.db")
+
+
+def test_a_kernel_that_does_not_build_is_left_to_the_fallback(tmp_path, caplog, monkeypatch, tuned_calls):
+    model, x = nn.Linear(23, 11), torch.randn(17, 23)
+    db = store(tmp_path / "t.db", [tritune.extract_tasks(model, (x,))[0].expr])
+
+    def broken(spec):
+        raise RuntimeError("PTX assembly failed\nfull log")
+    monkeypatch.setattr(tuned_op, "bind", broken)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="tritune.compiler"):
+        y = torch.compile(model, backend=tritune.compiler(db, fallback="eager"))(x)
+    assert tuned_calls == [] and torch.allclose(y, model(x))
+    assert "matmul 17x11x23 fp32 NT+bias does not build (RuntimeError: PTX assembly failed); left" in caplog.text

@@ -95,7 +95,8 @@ def test_call_signature_tells_alignment_layout_and_dtype_apart(tmp_path):
         for a in (aligned, shifted, transposed, aligned):
             check(ops.matmul(a, b), a, b)
         kernels = [e.kernel for e in ops._entries.values() if e.kernel.expr.m == 33 and e.kernel.expr.k == 47]
-        assert sorted((k.problem.aligned[0], k.expr.trans_a) for k in kernels) == [(False, False), (True, False), (True, True)]
+        facts = sorted((k.problem.aligned[0], k.expr.trans_a) for k in kernels)
+        assert facts == [(False, False), (True, False), (True, True)]
         with pytest.raises(ValueError, match="one dtype"):
             ops.matmul(aligned, b.double())  # same shapes and strides as a cached call, other dtype
 

@@ -17,6 +17,7 @@ import torch.fx as fx
 
 from tritune.kernels import graph
 from tritune.kernels.device import device_info, device_key
+from tritune.kernels.extract import first_line
 from tritune.records import dispatch
 
 log = logging.getLogger("tritune.compiler")
@@ -51,7 +52,9 @@ class Backend:
         if not callable(self.fallback):
             raise ValueError(f"unknown fallback {fallback!r}: 'inductor', 'eager' or a backend callable")
         # opened now, so that a missing or broken file is reported here and not deep inside torch.compile
-        self.db = db if db is None or isinstance(db, dispatch.HistoryBest) else dispatch.HistoryBest(Path(db).expanduser())
+        if db is not None and not isinstance(db, dispatch.HistoryBest):
+            db = dispatch.HistoryBest(Path(db).expanduser())
+        self.db = db
         self.sites: list[tuple[str, str]] = []
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
@@ -61,9 +64,13 @@ class Backend:
             return self.fallback(gm, example_inputs)
         from torch._guards import detect_fake_mode
 
-        aten = graph.aten_graph(gm, example_inputs, detect_fake_mode(example_inputs))
-        matches = graph.find(aten, allow_tf32=torch.get_float32_matmul_precision() != "highest")
-        hits = self._lookup(matches, _device_index(example_inputs))
+        try:
+            aten = graph.aten_graph(gm, example_inputs, detect_fake_mode(example_inputs))
+        except Exception as exc:  # an op tracing cannot handle must not break the user's compile
+            _log_once(repr(exc), f"tritune: the graph could not be traced ({first_line(exc)}); "
+                                 "it goes to the fallback unchanged")
+            return self.fallback(gm, example_inputs)
+        hits = self._built(self._lookup(graph.find(aten, graph.tf32_allowed()), _device_index(example_inputs)))
         if not hits:
             return self.fallback(gm, example_inputs)
         rewrite(aten, hits)
@@ -85,21 +92,35 @@ class Backend:
                               f"{len(matches)} contractions, left to the fallback: {listed}")
         return hits
 
+    def _built(self, hits: list[tuple[graph.Match, Any]]) -> list[tuple[graph.Match, str]]:
+        """(match, spec) of the hits whose kernel builds (now: compile time pays, not the first call)."""
+        from tritune.kernels import tuned_op
+
+        built = []
+        for m, config in hits:
+            spec = tuned_op.spec_of(m.expr, config, graph.val(m.a), graph.val(m.b), _bias_val(m))
+            try:
+                tuned_op.bind(spec)
+            except Exception as exc:  # e.g. a binary that no longer builds with this Triton: Inductor runs it
+                _log_once(spec, f"tritune: the tuned kernel of {m.expr.describe()} does not build ({first_line(exc)}); "
+                                "left to the fallback")
+                continue
+            built.append((m, spec))
+        return built
+
     def _history(self) -> dispatch.HistoryBest | None:
         from tritune.kernels.ops import history_of
 
         return history_of(self.db)
 
 
-def rewrite(gm: fx.GraphModule, hits: list[tuple[graph.Match, Any]]) -> None:
-    """Replace each matched contraction and its fused epilogue by one call of the tuned op."""
+def rewrite(gm: fx.GraphModule, hits: list[tuple[graph.Match, str]]) -> None:
+    """Replace each matched contraction and its fused epilogue by one call of the tuned op (its spec)."""
     from tritune.kernels import tuned_op
 
     g, replaced = gm.graph, {}
-    for m, config in hits:
+    for m, spec in hits:
         a, b, bias = (replaced.get(n, n) for n in (m.a, m.b, m.bias))
-        spec = tuned_op.spec_of(m.expr, config, graph.val(m.a), graph.val(m.b), _bias_val(m))
-        tuned_op.bind(spec)  # builds the kernel now: compile time, not the first call, pays for it
         with g.inserting_before(m.last):
             if bias is not None and graph.val(m.bias).dim() != 1:
                 bias = g.call_function(torch.ops.aten.view.default, (bias, [m.expr.n]))

@@ -47,7 +47,7 @@ def extract_tasks(model: Any, example_inputs: Any, *, allow_tf32: bool | None = 
 
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     if allow_tf32 is None:
-        allow_tf32 = torch.get_float32_matmul_precision() != "highest"
+        allow_tf32 = graph.tf32_allowed()
     try:
         with torch.no_grad():
             program = torch.export.export(model, args, strict=False)

@@ -55,6 +55,11 @@ def aten_graph(fn: Callable, args: Sequence[Any], fake_mode: Any = None) -> fx.G
     return gm
 
 
+def tf32_allowed() -> bool:
+    """Whether fp32 contractions may use tf32, as torch's matmul precision setting says."""
+    return torch.get_float32_matmul_precision() != "highest"
+
+
 def find(gm: fx.GraphModule, allow_tf32: bool = True) -> list[Match]:
     """Every contraction of the graph that a tritune kernel can compute, in graph order."""
     found = (_match(n, allow_tf32) for n in gm.graph.nodes if n.op == "call_function" and n.target in CONTRACTIONS)

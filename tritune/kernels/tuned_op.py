@@ -44,7 +44,8 @@ class Bound:
         self.expr, self.config = Matmul.from_dict(data["expr"]), Config.of(data["config"])
         metas = [None if x is None else _meta(x, self.expr) for x in data["layout"]]
         a, b, bias = metas
-        self.out_shape = (self.expr.batch, self.expr.m, self.expr.n) if 3 in (a.dim(), b.dim()) else (self.expr.m, self.expr.n)
+        batched = 3 in (a.dim(), b.dim())
+        self.out_shape = (self.expr.batch, self.expr.m, self.expr.n) if batched else (self.expr.m, self.expr.n)
         out = torch.empty(self.out_shape, dtype=a.dtype, device="meta")
         self.out_strides = out.stride()
         self.expect = tuple(None if t is None else (t.shape, t.stride()) for t in metas)
