@@ -133,13 +133,15 @@ class Kernel:
         sms = device_sms()
         self._launcher = Launcher(binary(expr, config, problem), grid(expr, config, sms), target)
         self.compiled = self._launcher.compiled
+        self._has_bias = expr.has_bias  # read on every launch: not a property walk each time
         self._scratch: tuple[Any, Any] | None = None
 
     def __call__(self, a: Any, b: Any, c: Any, bias: Any = None) -> None:
         """Launch on tensors whose problem matches the one this kernel was built for."""
-        if self._scratch is None:
-            self._scratch = self._allocate(a.device)
-        self._launcher(a, b, c, bias if self.expr.has_bias else c, *self._scratch)
+        scratch = self._scratch
+        if scratch is None:
+            scratch = self._scratch = self._allocate(a.device)
+        self._launcher(a, b, c, bias if self._has_bias else c, *scratch)
 
     def _allocate(self, device: Any) -> tuple[Any, Any]:
         import torch

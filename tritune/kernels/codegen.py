@@ -119,6 +119,7 @@ class Launcher:
         self.binary, self.grid = binary, grid
         self._ints = tuple(value for _, value, _ in binary.ints)
         self._consts = dict(binary.consts)
+        self._tail = self._ints + tuple(self._consts.values())  # the launch's non-pointer args
         self.compiled = None if SETTINGS.interpret else binary.compile(target or current_target())
         self._launch = None
 
@@ -130,7 +131,7 @@ class Launcher:
         if self._launch is None:
             self._launch = self.compiled[self.grid]  # loads the binary; raises OutOfResources
         # Triton >= 3.3 launchers take constexpr arguments too and skip them
-        self._launch(*pointers, *self._ints, *self._consts.values())
+        self._launch(*pointers, *self._tail)
 
     @property
     def shared_bytes(self) -> int | None:
