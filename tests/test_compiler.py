@@ -139,3 +139,14 @@ def test_a_kernel_that_does_not_build_is_left_to_the_fallback(tmp_path, caplog, 
         y = torch.compile(model, backend=tritune.compiler(db, fallback="eager"))(x)
     assert tuned_calls == [] and torch.allclose(y, model(x))
     assert "matmul 17x11x23 fp32 NT+bias does not build (RuntimeError: PTX assembly failed); left" in caplog.text
+
+
+def test_the_backend_is_registered_by_name_and_replays_the_active_database(tmp_path, tuned_calls):
+    assert "tritune" in torch._dynamo.list_backends(exclude_tags=())  # the package's entry point
+    model, inputs = Awkward(), awkward_inputs(torch.float32)
+    db = store(tmp_path / "t.db", [t.expr for t in tritune.extract_tasks(model, inputs)])
+    with torch.no_grad(), tritune.apply_history_best(db):
+        outs = torch.compile(model, backend="tritune")(*inputs)
+        refs = model(*inputs)
+    assert max(rel_errors(outs, refs)) < TOLERANCE[torch.float32]
+    assert tuned_calls  # the registered name ran tuned kernels, not just Inductor

@@ -31,6 +31,12 @@ def compiler(db: Any = None, *, fallback: str | Callable = "inductor") -> "Backe
     return Backend(db, fallback)
 
 
+def registered(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+    """`torch.compile(model, backend="tritune")` (an entry point of the package): `compiler()` with
+    the active `apply_history_best` context, else the default database."""
+    return compiler()(gm, example_inputs)
+
+
 def inductor(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
     """Inductor's default lowering."""
     from torch._inductor.compile_fx import compile_fx
