@@ -23,6 +23,8 @@ def cli(capsys, *args):
     (["run", "--op", "conv9d", "--shape", "64"], "unknown op 'conv9d'; known: matmul, bmm"),
     (["run", "--op", "bmm", "--shape", "64"], "bad --shape"),
     (["run", "--shape", "64", "--stride", "2"], "--stride does not apply to --op matmul"),
+    (["run", "--shape", "64", "--eps", "1e-3"], "--eps does not apply to --op matmul"),
+    (["run", "--op", "layernorm", "--shape", "64,100", "--eps", "tiny"], "bad --eps"),
     (["run", "--shape", "64,64"], "bad --shape"),
     (["run", "--shape", "a,b,c"], "bad --shape"),
     (["run", "--shape", "0"], "bad --shape"),

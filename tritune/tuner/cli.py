@@ -70,6 +70,7 @@ db_option = click.option("--db", "db_path", default=None, help=f"tuning database
 @click.option("--stride", default=None, help="conv2d: S or SH,SW")
 @click.option("--padding", default=None, help="conv2d: P or PH,PW")
 @click.option("--dilation", default=None, help="conv2d: D or DH,DW")
+@click.option("--eps", default=None, help="layernorm: the epsilon [default: 1e-5]")
 @click.option("--trials", default=128, show_default=True, type=click.IntRange(1), help="measurements in total for this workload")
 @click.option("--strategy", default="sa", show_default=True, help=f"one of {', '.join(sorted(REGISTRY))}")
 @click.option("--seed", default=0, show_default=True, type=int)
@@ -80,14 +81,14 @@ db_option = click.option("--db", "db_path", default=None, help=f"tuning database
 @click.option("--summary-json", default=None, type=click.Path(dir_okay=False), help="also write the final numbers here")
 @click.option("--inject-fault", "faults", multiple=True, type=click.Choice(["oob", "hang"]), hidden=True)
 @db_option
-def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, trials, strategy, seed, batch_size,
+def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, trials, strategy, seed, batch_size,
         early_stop, timeout, workers, summary_json, faults, db_path) -> None:
     """Tune one workload on this GPU and store every trial."""
     from tritune.tuner.runner import WorkerDied
     from tritune.tuner.session import TuneOptions, tune
 
     expr = make_expr(op, shape, dtype, layout=layout, epilogue=epilogue, stride=stride, padding=padding,
-                     dilation=dilation)
+                     dilation=dilation, eps=eps)
     if strategy not in REGISTRY:
         raise UsageError(f"unknown strategy {strategy!r}; known: {', '.join(sorted(REGISTRY))}")
     if Path(db_path or SETTINGS.db_path).exists():
