@@ -130,8 +130,8 @@ def {name}(
         for t in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=PERSISTENT == 2):
             pid_m, pid_n = _tile_of(t, grid_m, grid_n, GROUP_M)
             acc = _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, 0, k_iters, M, N, K,
-                            stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K,
-                            DOT_PRECISION, TMA)
+                            stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
+                            BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K, DOT_PRECISION, TMA)
             _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,
                     BLOCK_M, BLOCK_N, TMA)
     else:
@@ -141,8 +141,8 @@ def {name}(
         k_lo = split * per_split
         k_hi = tl.minimum(k_lo + per_split, k_iters)
         acc = _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
-                        stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K,
-                        DOT_PRECISION, TMA)
+                        stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
+                        BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K, DOT_PRECISION, TMA)
         if SPLIT_K > 1:
             slot = tl.program_id(1) * tiles + tl.program_id(0)
             acc, last = _split_fixup(acc, WS, LOCKS, slot, split, BLOCK_M, BLOCK_N, SPLIT_K)
