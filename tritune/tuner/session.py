@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from tritune.kernels.device import device_key
 from tritune.records.database import Database
@@ -50,23 +51,35 @@ def start_gpu(expr: Any, timing: Timing = Timing(), timeout_s: float = 30.0, see
     return runner, task, Builder(GPUTarget("cuda", major * 10 + minor, 32), task.limits.shared_bytes, workers)
 
 
-def tune(expr: Any, db: Database, options: TuneOptions) -> dict:
-    """Tune `expr`, print progress and the final table, and return the summary numbers."""
-    start = time.time()
-    runner, task, builder = start_gpu(expr, timeout_s=options.timeout_s, seed=options.seed, workers=options.workers)
+@contextmanager
+def gpu_session(expr: Any, options: TuneOptions) -> Iterator[tuple[Runner, Builder]]:
+    """One GPU worker and compile pool, for tuning one workload or several in turn."""
+    runner, _, builder = start_gpu(expr, timeout_s=options.timeout_s, seed=options.seed, workers=options.workers)
     with runner:
-        strategy = make_strategy(options.strategy, task.space, seed=options.seed, features=task.featurize,
-                                 prior=warm_start(db, task))
         try:
-            history = _tune_loop(task, strategy, builder, runner, db, options)
+            yield runner, builder
         finally:
             builder.close()
-        best = best_of(history)
-        display.console.print(display.status_line(history) + f"; worker restarts: {runner.restarts}")
-        if best is None:
-            display.console.print("[red]no candidate ran correctly[/red]")
-            return {"workload": expr.to_dict(), "trials": len(history), "best": None}
-        h2h = runner.head_to_head(expr, best.config)
+
+
+def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Builder] | None = None) -> dict:
+    """Tune `expr`, print progress and the final table, and return the summary numbers; `gpu` is a
+    started `gpu_session` to reuse (else one is started for this workload alone)."""
+    if gpu is None:
+        with gpu_session(expr, options) as started:
+            return tune(expr, db, options, started)
+    start = time.time()
+    runner, builder = gpu
+    task = device_task(expr, runner.device_info())
+    strategy = make_strategy(options.strategy, task.space, seed=options.seed, features=task.featurize,
+                             prior=warm_start(db, task))
+    history = _tune_loop(task, strategy, builder, runner, db, options)
+    best = best_of(history)
+    display.console.print(display.status_line(history) + f"; worker restarts: {runner.restarts}")
+    if best is None:
+        display.console.print("[red]no candidate ran correctly[/red]")
+        return {"workload": expr.to_dict(), "trials": len(history), "best": None}
+    h2h = runner.head_to_head(expr, best.config)
     display.out.print(display.summary_table(expr, best, h2h, task.device.gpu))
     return _summary(expr, task, history, best, h2h, time.time() - start)
 

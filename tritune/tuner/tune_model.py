@@ -134,14 +134,17 @@ def plan_table(planned: Sequence[Planned]) -> Any:
 
 
 def tune_all(planned: Sequence[Planned], db: Any, options: Any) -> list[dict]:
-    """Tune each planned task with its trials (`session.tune`, which resumes stored ones); summaries."""
+    """Tune each planned task with its trials (`session.tune`, which resumes stored ones) on one GPU
+    worker and compile pool (starting them costs seconds per task otherwise); summaries."""
     from tritune.tuner import display
-    from tritune.tuner.session import tune
+    from tritune.tuner.session import gpu_session, tune
 
+    todo = [(i, p) for i, p in enumerate(planned, 1) if p.trials > 0]
+    if not todo:
+        return []
     summaries = []
-    for i, p in enumerate(planned, 1):
-        if p.trials == 0:
-            continue
-        display.console.print(f"[bold]task {i}/{len(planned)}[/bold]: {p.task.describe()}, {p.trials} trials")
-        summaries.append({"count": p.task.count, **tune(p.task.expr, db, replace(options, trials=p.trials))})
+    with gpu_session(todo[0][1].task.expr, options) as gpu:
+        for i, p in todo:
+            display.console.print(f"[bold]task {i}/{len(planned)}[/bold]: {p.task.describe()}, {p.trials} trials")
+            summaries.append({"count": p.task.count, **tune(p.task.expr, db, replace(options, trials=p.trials), gpu)})
     return summaries
