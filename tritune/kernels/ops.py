@@ -14,12 +14,13 @@ import torch
 
 from tritune.kernels.build import DEFAULT, Kernel, problem_of
 from tritune.kernels.device import device_info, device_key
-from tritune.kernels.expr import BiasAdd, Epilogue, ExprError, Matmul
+from tritune.kernels.contraction import torch_dtype
+from tritune.kernels.expr import DTYPES, BiasAdd, Epilogue, ExprError, Matmul
 from tritune.records import dispatch
 from tritune.schedules.config import Config
 from tritune.settings import SETTINGS
 
-DTYPE_NAMES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}
+DTYPE_NAMES = {str(torch_dtype(name)): name for name in DTYPES}  # "torch.float16" -> "fp16"
 
 
 @dataclass(frozen=True)
