@@ -53,3 +53,15 @@ class FakeRunner:
 
 def fake_time(config):
     return 1.0 + abs(config["BLOCK_M"] - 128) / 64 + abs(config["BLOCK_N"] - 128) / 64 + config["num_stages"] / 10
+
+
+def abort_on_block_m_32(expr, config, problem, target, shared_limit):
+    """A pool-process build that dies like an LLVM assertion on BLOCK_M=32 and builds the rest."""
+    import os
+    import time
+
+    if config["BLOCK_M"] == 32:
+        time.sleep(0.5)  # let the others be in flight when the pool dies
+        os.abort()
+    time.sleep(0.2)
+    return BuildResult(config, None, 0.2)

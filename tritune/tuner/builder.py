@@ -49,10 +49,13 @@ def build_one(expr: Any, config: Config, problem: Any, target: Any, shared_limit
 class Builder:
     """A process pool compiling candidates for one target."""
 
+    build = staticmethod(build_one)  # what a pool process runs per candidate (tests swap it)
+
     def __init__(self, target: Any, shared_limit: int = 0, workers: int | None = None) -> None:
         self.target, self.shared_limit = target, shared_limit
         self.workers = workers or os.cpu_count() or 1
         self._pool = self._new_pool()
+        self._jobs: dict[Future, tuple[Any, Any]] = {}  # what each future compiles, to retry it
 
     def _new_pool(self) -> ProcessPoolExecutor:
         # spawn: the parent may hold CUDA or thread state that a fork would copy
@@ -60,16 +63,32 @@ class Builder:
 
     def submit(self, expr: Any, problem: Any, configs: Sequence[Config]) -> list[Future]:
         """Start compiling each config; futures resolve to BuildResult."""
-        return [self._pool.submit(build_one, expr, c, problem, self.target, self.shared_limit) for c in configs]
+        futures = [self._pool.submit(self.build, expr, c, problem, self.target, self.shared_limit) for c in configs]
+        for f in futures:
+            self._jobs[f] = (expr, problem)
+        return futures
 
     def result(self, future: Future, config: Config) -> BuildResult:
-        """The BuildResult of a future, or a COMPILE_ERROR if the compiler process died."""
+        """The BuildResult of a future, or a COMPILE_ERROR if the compiler process died on it.
+
+        A compiler that aborts (an LLVM assertion) takes the whole pool down, and with it the
+        other candidates in flight: each of those is compiled again alone in a process of its
+        own, so that only the candidate that kills the compiler is blamed.
+        """
+        expr, problem = self._jobs.pop(future)
         try:
             return future.result()
+        except BrokenProcessPool:
+            if self._pool._broken:  # noqa: SLF001 - ask the pool itself: a new one may have replaced it
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool = self._new_pool()
+        alone = ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"))
+        try:
+            return alone.submit(self.build, expr, config, problem, self.target, self.shared_limit).result()
         except BrokenProcessPool as exc:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = self._new_pool()
             return BuildResult(config, Status.COMPILE_ERROR, 0.0, message=f"compiler process died: {exc}")
+        finally:
+            alone.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
         """Shut the pool down."""
