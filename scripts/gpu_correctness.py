@@ -1,6 +1,7 @@
 """Compiled kernels of every op family against a float64 reference on the GPU: every dtype (bf16
 included, which the interpreter computes wrongly), awkward shapes, layouts, batch, every epilogue,
-and every knob of the contraction template (split-K, TMA loads, persistent loop).
+and every knob of the contraction template (split-K, TMA loads, persistent loop, warp
+specialisation).
 
 Families other than matmul contribute their module's AWKWARD expressions, each run with a few
 seeded random configs of its space.
@@ -33,7 +34,8 @@ EPILOGUES = [(), (BiasAdd(),), (Scale(0.125),), (Relu(),), (Gelu(),), (Gelu("tan
 TILE = Config.of(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, UNROLL=1)
 SMALL = Config.of(BLOCK_M=16, BLOCK_N=64, BLOCK_K=32, GROUP_M=1, num_warps=4, num_stages=4, UNROLL=2)
 KNOBS = [dict(SPLIT_K=4), dict(TMA=1), dict(TMA=2, PERSISTENT=1), dict(PERSISTENT=2), dict(TMA=2, SPLIT_K=3),
-         dict(TMA=1, PERSISTENT=2)]
+         dict(TMA=1, PERSISTENT=2), dict(TMA=1, WARP_SPEC=1, num_warps=4),
+         dict(TMA=2, PERSISTENT=1, WARP_SPEC=1, num_warps=4)]
 
 
 def matmul_cases() -> list:
@@ -48,12 +50,15 @@ def matmul_cases() -> list:
         out.append((Matmul(77, 95, 130, batch=2, dtype=dtype, epilogue=epi), next(configs)))
     # 16-byte aligned rows (TMA's condition) with partial edge tiles everywhere
     for knobs, epi, dtype in zip(itertools.cycle(KNOBS), EPILOGUES * 2, ("fp16", "bf16", "fp32") * 5):
+        if "WARP_SPEC" in knobs and dtype == "fp32":
+            dtype = "bf16"  # Triton cannot specialise a tf32 dot
         lay = next(layouts)
         batch = 1 if "PERSISTENT" in knobs else 2
         expr = Matmul(1000, 520, 1576, batch=batch, dtype=dtype, trans_a=lay[0] == "t", trans_b=lay[1] == "t",
                       epilogue=epi)
         tile = TILE.replace(BLOCK_K=32 if dtype == "fp32" else 64)  # fp32 + TMA store: fit shared memory
-        out.append((expr, tile.replace(**knobs) if "PERSISTENT" in knobs else SMALL.replace(UNROLL=1, **knobs)))
+        big = "PERSISTENT" in knobs or "WARP_SPEC" in knobs
+        out.append((expr, tile.replace(**knobs) if big else SMALL.replace(UNROLL=1, **knobs)))
     return out
 
 

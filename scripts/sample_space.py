@@ -1,7 +1,8 @@
 """Measure a seeded random sample of a matmul schedule space on the GPU through the real builder
 and runner, and report how its times spread against torch in the same run (JSONL of every trial).
 
-Usage: python scripts/sample_space.py --shape 4096 --dtype fp16 --n 256 [--faults oob,hang] [--out f.jsonl]
+Usage: python scripts/sample_space.py --shape 4096 --dtype fp16 --n 256 [--where WARP_SPEC=1,TMA=2]
+       [--faults oob,hang] [--out f.jsonl]
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ def main() -> None:
     p.add_argument("--rep-ms", type=float, default=100.0)
     p.add_argument("--refine", type=int, default=0, help="re-time the N fastest configs ...")
     p.add_argument("--repeats", type=int, default=5, help="... this many more times; keep the median")
+    p.add_argument("--where", default="", help="sample only configs with these knob values: K=V,K=V")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     expr = make_expr("matmul", args.shape, args.dtype)
@@ -37,7 +39,7 @@ def main() -> None:
     runner, task, builder = start_gpu(expr, Timing(args.warmup_ms, args.rep_ms), args.timeout, args.seed)
     with runner:
         info = runner.device_info()
-        configs = task.space.sample(np.random.default_rng(args.seed), args.n)
+        configs = sample(task.space, args.where, np.random.default_rng(args.seed), args.n)
         faults = [f for f in args.faults.split(",") if f]
         configs = [c.replace(fault=f) for c, f in zip(configs, faults)] + configs[len(faults):]
         t1 = time.time()
@@ -51,6 +53,19 @@ def main() -> None:
         builder.close()
         torch_ms = runner.torch_time(expr)[2]
     report(expr, info, results, torch_ms, args, (t1 - t0, t2 - t1))
+
+
+def sample(space, where: str, rng, n: int) -> list:
+    """A seeded sample of n valid configs (all of them if fewer), limited to the knob values in `where`."""
+    if not where:
+        return space.sample(rng, n)
+    fixed = {k: int(v) for k, v in (item.split("=") for item in where.split(","))}
+    unknown = set(fixed) - {k.name for k in space.knobs}
+    if unknown:
+        raise SystemExit(f"--where: no knob {sorted(unknown)} in this space")
+    matching = [c for c in (space.config(int(i)) for i in space.valid_indices)
+                if all(c[k] == v for k, v in fixed.items())]
+    return [matching[i] for i in sorted(rng.permutation(len(matching))[:n])]
 
 
 def refine(expr, runner, results, top: int, repeats: int) -> None:

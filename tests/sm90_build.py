@@ -13,4 +13,5 @@ for line in sys.stdin:
     fam = family(case["expr"]["op"])
     compiled = fam.compile(expr, config, fam.canonical_problem(expr), GPUTarget("cuda", 90, 32))
     print(json.dumps({"shared": compiled.metadata.shared, "wgmma": "wgmma" in compiled.asm["ptx"],
+                      "warps": compiled.metadata.num_warps,
                       "ptx": compiled.asm["ptx"] if case.get("ptx") else None}), flush=True)

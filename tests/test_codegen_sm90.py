@@ -45,6 +45,17 @@ def test_sm90_builds_use_wgmma_and_the_shared_estimate_is_exact():
         assert got["shared"] == shared_estimate(config, 4 if expr.dtype == "fp32" else 2)
 
 
+def test_warp_specialised_builds_add_a_producer_group_and_fit_the_shared_estimate():
+    ws = dict(num_warps=4, UNROLL=1, WARP_SPEC=1)
+    cases = [(Matmul(4096, 4096, 4096, epilogue=EPILOGUE), Config.of(CASES[0][1], TMA=1, **ws)),
+             (Matmul(4096, 4096, 4096, dtype="bf16"), Config.of(CASES[0][1], BLOCK_M=256, BLOCK_N=128, TMA=2,
+                                                                PERSISTENT=1, **ws)),
+             (Matmul(1000, 520, 1576, trans_a=True), Config.of(CASES[1][1], BLOCK_N=128, TMA=1, **ws))]
+    for (expr, config), got in zip(cases, build_sm90(cases)):
+        assert got["wgmma"] and got["warps"] == 12  # 4 requested: producer + two consumer groups
+        assert abs(got["shared"] - shared_estimate(config, 2)) <= 1024
+
+
 def test_unknown_fault_is_refused():
     with pytest.raises(ValueError):
         template.source(Matmul(8, 8, 8), fault="segfault-please")

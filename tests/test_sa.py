@@ -10,7 +10,7 @@ from tritune.search.sa import SimulatedAnnealing
 
 SPACE = matmul_space(4096, 4096, 4096, 2, Limits.for_capability(9, 0))
 TARGET = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "UNROLL": 1,
-          "SPLIT_K": 1, "TMA": 0, "PERSISTENT": 1}
+          "SPLIT_K": 1, "TMA": 0, "PERSISTENT": 1, "WARP_SPEC": 0}
 KNOBS = list(TARGET)
 
 

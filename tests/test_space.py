@@ -73,15 +73,26 @@ def test_sampling_a_tiny_space_exhausts_it():
     assert sorted(c["x"] * 10 + c["y"] for c in tiny.sample(np.random.default_rng(0), 99)) == [11, 12, 21, 22]
 
 
-def test_neighbours_differ_in_one_knob_by_one_step(big):
+def test_neighbours_are_every_valid_config_one_knob_away(big):
     c = big.config(int(big.valid_indices[len(big.valid_indices) // 3]))
     ns = big.neighbours(c)
-    assert ns and all(big.valid(n) for n in ns)
-    for n in ns:
-        diff = [k for k in KNOBS + EXTENSIONS if n[k.name] != c[k.name]]
-        assert len(diff) == 1
-        k = diff[0]
-        assert abs(k.values.index(n[k.name]) - k.values.index(c[k.name])) == 1
+    one_away = {c.replace(**{k.name: v}) for k in big.knobs for v in k.values if v != c[k.name]}
+    assert ns and set(ns) == {n for n in one_away if big.valid(n)} and len(ns) == len(set(ns))
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        n = big.random_neighbour(c, rng)
+        assert n is None or n in set(ns)
+
+
+def test_warp_specialisation_only_where_triton_can_build_it():
+    fp16 = matmul_space(4096, 4096, 4096, 2, Limits.for_capability(9, 0), tma=2)
+    ws = [c for c in (fp16.config(int(i)) for i in fp16.valid_indices) if c["WARP_SPEC"]]
+    assert len(ws) > 100
+    assert all(c["num_warps"] == 4 and c["UNROLL"] == 1 and c["TMA"] and c["num_stages"] <= 4
+               and c["PERSISTENT"] != 2 and c["SPLIT_K"] == 1 and c["BLOCK_M"] >= 64 for c in ws)
+    assert any(c["BLOCK_M"] * c["BLOCK_N"] == 128 * 256 for c in ws)  # 8 compute warps hold the big tiles
+    fp32 = matmul_space(4096, 4096, 4096, 4, Limits.for_capability(9, 0), tma=2)
+    assert not any(fp32.config(int(i))["WARP_SPEC"] for i in fp32.valid_indices)
 
 
 def test_config_is_a_canonical_value():

@@ -9,7 +9,7 @@ import numpy as np
 from tritune.kernels.expr import DTYPE_BYTES, Matmul
 from tritune.records.result import MeasureResult
 from tritune.schedules.config import Config
-from tritune.schedules.matmul import REGS_PER_SM, RESERVED_REGS, shared_estimate
+from tritune.schedules.matmul import REGS_PER_SM, RESERVED_REGS, compute_warps, shared_estimate
 from tritune.schedules.space import Limits
 
 KNOB_NAMES = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "UNROLL")
@@ -18,7 +18,8 @@ DERIVED = (
     "k_trips", "trips_per_stage", "shared_bytes", "shared_frac", "acc_regs", "programs_per_sm",
     "occupancy_warps", "tile_intensity", "bytes_per_flop_tile", "dtype_bytes",
     "log_m", "log_n", "log_k", "log_batch", "m_div16", "n_div16", "k_div16", "trans_a", "trans_b",
-    "log2_SPLIT_K", "TMA", "PERSISTENT", "m_div8", "n_div8", "k_div8",
+    "log2_SPLIT_K", "TMA", "PERSISTENT", "m_div8", "n_div8", "k_div8", "WARP_SPEC",
+    "operand_regs", "thread_regs",
 )
 FEATURE_NAMES = tuple(f"log2_{k}" for k in KNOB_NAMES) + DERIVED
 
@@ -29,7 +30,7 @@ def _cdiv(a: int, b: int) -> int:
 
 def config_features(expr: Matmul, limits: Limits, c: Config) -> list[float]:
     """One feature row (see FEATURE_NAMES)."""
-    bm, bn, bk, warps = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c["num_warps"]
+    bm, bn, bk, warps = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], compute_warps(c)
     eb = DTYPE_BYTES[expr.dtype]
     split, tma, persistent = c.get("SPLIT_K", 1), c.get("TMA", 0), c.get("PERSISTENT", 0)
     tm, tn, trips = _cdiv(expr.m, bm), _cdiv(expr.n, bn), _cdiv(_cdiv(expr.k, bk), split)
@@ -39,6 +40,10 @@ def config_features(expr: Matmul, limits: Limits, c: Config) -> list[float]:
     waves = programs / limits.sms
     shared = shared_estimate(c, eb)
     acc = bm * bn / (32 * warps)
+    # operand tiles of the unrolled steps in flight, in 4-byte registers per thread: with the
+    # accumulator, what decides whether a program spills (H100: 256x64x32 tiles with unroll 4 ran
+    # 7x faster on 8 warps than on 4)
+    operand = c["UNROLL"] * (bm + bn) * bk * eb / (4 * 32 * warps)
     by_regs = REGS_PER_SM // (32 * warps * (acc + RESERVED_REGS))
     per_sm = max(0, min(limits.shared_bytes // max(shared, 1), by_regs, 64 // warps))
     return [
@@ -53,6 +58,8 @@ def config_features(expr: Matmul, limits: Limits, c: Config) -> list[float]:
         eb, math.log2(expr.m), math.log2(expr.n), math.log2(expr.k), math.log2(expr.batch),
         expr.m % 16 == 0, expr.n % 16 == 0, expr.k % 16 == 0, expr.trans_a, expr.trans_b,
         math.log2(split), tma, persistent, expr.m % 8 == 0, expr.n % 8 == 0, expr.k % 8 == 0,
+        c.get("WARP_SPEC", 0),
+        operand, acc + operand + RESERVED_REGS,
     ]
 
 

@@ -1,7 +1,8 @@
 """Triton source for the contraction family, generated from a Matmul expression.
 
 One template serves every contraction: layout and epilogue shape the generated source; tile
-sizes, grouping, unrolling, split-K, TMA loads and the persistent loop are constexpr knobs of it.
+sizes, grouping, unrolling, split-K, TMA loads, the persistent loop and warp specialisation are
+constexpr knobs of it.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from tritune.kernels.expr import Matmul
 
 KERNEL_NAME = "tritune_matmul"
 CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "UNROLL", "EVEN_K", "DOT_PRECISION",
-              "SPLIT_K", "TMA", "PERSISTENT")
+              "SPLIT_K", "TMA", "PERSISTENT", "WARP_SPEC")
 FAULTS = ("oob", "hang")
 
 _TEMPLATE = '''\
@@ -33,10 +34,11 @@ def _tile_of(tile, grid_m, grid_n, GROUP_M: tl.constexpr):
 def _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
               stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr):
+              UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
+              WARP_SPEC: tl.constexpr):
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if TMA:
-        for k in tl.range(k_lo, k_hi, loop_unroll_factor=UNROLL):
+        for k in tl.range(k_lo, k_hi, loop_unroll_factor=UNROLL, warp_specialize=WARP_SPEC):
 {tma_loads}
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     else:
@@ -110,7 +112,7 @@ def {name}(
     stride_cb, stride_cm, stride_cn, stride_bias,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    SPLIT_K: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr,
+    SPLIT_K: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr, WARP_SPEC: tl.constexpr,
 ):
     # {description}
     grid_m = tl.cdiv(M, BLOCK_M)
@@ -126,12 +128,14 @@ def {name}(
     if PERSISTENT:
         # a fixed grid of programs per batch entry walks its tiles: no launch tail, descriptors
         # built once; PERSISTENT=2 flattens tile and K loops into one, so the pipeline already
-        # loads the next tile while this one's epilogue runs
-        for t in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=PERSISTENT == 2):
+        # loads the next tile while this one's epilogue runs. WARP_SPEC: a producer warp group
+        # issues the TMA loads while two consumer groups each compute half of the tile
+        for t in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=PERSISTENT == 2,
+                          warp_specialize=WARP_SPEC):
             pid_m, pid_n = _tile_of(t, grid_m, grid_n, GROUP_M)
             acc = _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, 0, k_iters, M, N, K,
                             stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
-                            BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K, DOT_PRECISION, TMA)
+                            BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K, DOT_PRECISION, TMA, 0)
             _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,
                     BLOCK_M, BLOCK_N, TMA)
     else:
@@ -142,7 +146,7 @@ def {name}(
         k_hi = tl.minimum(k_lo + per_split, k_iters)
         acc = _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
                         stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
-                        BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K, DOT_PRECISION, TMA)
+                        BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K, DOT_PRECISION, TMA, WARP_SPEC)
         if SPLIT_K > 1:
             slot = tl.program_id(1) * tiles + tl.program_id(0)
             acc, last = _split_fixup(acc, WS, LOCKS, slot, split, BLOCK_M, BLOCK_N, SPLIT_K)

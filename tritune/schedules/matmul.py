@@ -1,5 +1,5 @@
 """The schedule space of the contraction template: tiles, grouping, warps, stages, unrolling,
-split-K, TMA loads and the persistent loop."""
+split-K, TMA loads, the persistent loop and warp specialisation."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,6 +22,7 @@ EXTENSIONS = (
     Knob("SPLIT_K", (1, 2, 4, 8, 16)),
     Knob("TMA", (0, 1, 2)),  # tensor descriptors: 1 for the loads, 2 for the output store too
     Knob("PERSISTENT", (0, 1, 2)),  # a program per SM walking the tiles; 2: tile and K loops flattened
+    Knob("WARP_SPEC", (0, 1)),  # a producer warp group feeds two consumer groups (Triton's Hopper pass)
 )
 WARPS = dict((k.name, k.values) for k in KNOBS)["num_warps"]
 MAX_BLOCK_K = max(dict((k.name, k.values) for k in KNOBS)["BLOCK_K"])
@@ -41,6 +42,17 @@ MAX_ACC_REGS = 128
 # accumulator a thread needs about this many for addresses, loop state and operand fragments
 # (256x256 tiles on 16 warps, 128 + 26, failed in ptxas on an H100).
 REGS_PER_SM, RESERVED_REGS = 65536, 48
+# Triton's Hopper warp specialisation turns a 4-warp program into a producer group and two
+# 4-warp consumer groups that split the tile: 8 warps hold the accumulator.
+WS_WARPS, WS_COMPUTE_WARPS = 4, 8
+# With 5 or 6 stages every specialised 4096^3 kernel left its output unwritten (Triton 3.6, H200:
+# 166 of 166 wrong; 2-4 stages: 220 of 220 right).
+WS_MAX_STAGES = 4
+
+
+def compute_warps(config: Config) -> int:
+    """Warps that hold the accumulator and issue the MMAs."""
+    return WS_COMPUTE_WARPS if config.get("WARP_SPEC", 0) else config["num_warps"]
 
 
 def acc_budget(num_warps: int) -> int:
@@ -62,13 +74,17 @@ def shared_estimate(config: Config, element_bytes: int) -> int:
 
     A flattened persistent loop keeps the pipeline buffers live during the epilogue, so its
     layout conversion needs its own scratch: sm_90 builds took 8-32 KB; this counts
-    min(BM x BN, 32 KB), exact for the large tiles and an over-estimate for small ones.
+    min(BM x BN, 32 KB), exact for the large tiles and an over-estimate for small ones. Warp
+    specialisation stages a consumer's half of the output: sm_90 builds took max(16 KB, 64 rows x
+    BLOCK_N) more, plus its barriers.
     """
     tile = (config["BLOCK_M"] + config["BLOCK_N"]) * config["BLOCK_K"] * element_bytes
     tma = config.get("TMA", 0)
     out = config["BLOCK_M"] * config["BLOCK_N"] * element_bytes if tma == 2 else 0
     if config.get("PERSISTENT", 0) == 2 and tma != 2:
         out = min(config["BLOCK_M"] * config["BLOCK_N"], 32768)
+    if config.get("WARP_SPEC", 0) and tma != 2:
+        out = max(16384, 64 * config["BLOCK_N"] * element_bytes) + 512
     return config["num_stages"] * (config["UNROLL"] * tile + 8 * bool(tma)) + out
 
 
@@ -79,7 +95,14 @@ def matmul_space(m: int, n: int, k: int, element_bytes: int, limits: Limits, bat
     """
     p = _Problem(m, n, k, element_bytes, batch, limits)
     return Space(KNOBS + EXTENSIONS, (p.tile_fits, p.not_too_small, p.registers, p.k_step_too_small,
-                                      p.not_redundant, p.split_k, p.tma(tma), p.shared, p.persistent))
+                                      p.not_redundant, p.split_k, p.tma(tma), p.shared, p.persistent,
+                                      p.warp_spec))
+
+
+def _acc_overflow(c: Config, warps: int) -> str | None:
+    per_thread = c["BLOCK_M"] * c["BLOCK_N"] // (32 * warps)
+    budget = acc_budget(warps)
+    return f"{per_thread} accumulator registers per thread > {budget}" if per_thread > budget else None
 
 
 def _trips(p: "_Problem", c: Config, block_k: int | None = None) -> int:
@@ -125,9 +148,9 @@ class _Problem:
 
     @reads("BLOCK_M", "BLOCK_N", "num_warps")
     def registers(self, c: Config) -> str | None:
-        per_thread = c["BLOCK_M"] * c["BLOCK_N"] // (32 * c["num_warps"])
-        budget = acc_budget(c["num_warps"])
-        return f"{per_thread} accumulator registers per thread > {budget}" if per_thread > budget else None
+        # read before WARP_SPEC is chosen: a 4-warp program may yet be specialised to 8 compute
+        # warps (warp_spec checks again once it is known)
+        return _acc_overflow(c, WS_COMPUTE_WARPS if c["num_warps"] == WS_WARPS else c["num_warps"])
 
     @reads(*(k.name for k in KNOBS + EXTENSIONS))
     def shared(self, c: Config) -> str | None:
@@ -178,4 +201,20 @@ class _Problem:
             return "the persistent loop serves single, unsplit contractions"
         if self.tiles(c) <= self.limits.sms:
             return "one wave of tiles: a persistent loop changes nothing"
+        return None
+
+    def warp_spec(self, c: Config) -> str | None:
+        # where Triton 3.6-3.9 cannot specialise (sm_90 builds): an fp32 (tf32) dot, unrolled
+        # loops and 64 x 256 tiles fail to compile; tiles under 64 rows are left unspecialised;
+        # deep pipelines compile but compute nothing
+        if not c.get("WARP_SPEC", 0):
+            return _acc_overflow(c, c["num_warps"])
+        if self.element_bytes != 2 or not c.get("TMA", 0) or c["num_warps"] != WS_WARPS or c["UNROLL"] > 1:
+            return "warp specialisation needs 16-bit operands, TMA loads, 4 warps and no unrolling"
+        if c.get("SPLIT_K", 1) > 1 or c.get("PERSISTENT", 0) == 2:
+            return "warp specialisation serves unsplit, unflattened loops"
+        if c["num_stages"] > WS_MAX_STAGES:
+            return f"warp-specialised pipelines deeper than {WS_MAX_STAGES} stages never write the output"
+        if c["BLOCK_M"] < 64 or (c["BLOCK_M"] < 128 and c["BLOCK_N"] > 128):
+            return "the consumer groups split tiles of 64 rows or more, 64 x 256 excepted"
         return None

@@ -62,6 +62,11 @@ class Space:
         """The subspace without some knobs (their configs lack them; kernels use the knobs' defaults)."""
         return Space([k for k in self.knobs if k.name not in names], self.constraints)
 
+    def restricted(self, configs: Iterable[Config]) -> "Space":
+        """The subspace of those valid configs that are in `configs` (e.g. a measured sample)."""
+        allowed = frozenset(configs)
+        return Space(self.knobs, (*self.constraints, lambda c: None if c in allowed else "not in the subset"))
+
     @property
     def size(self) -> int:
         """Number of configs in the full product, valid or not."""
@@ -100,17 +105,19 @@ class Space:
         return frozenset(int(i) for i in self.valid_indices)
 
     def random_neighbour(self, config: Config, rng: np.random.Generator, tries: int = 8) -> Config | None:
-        """A random valid config one step of one knob away, or None if `tries` moves all fail."""
+        """A random valid config that differs in one knob (set to any other of its values), or
+        None if `tries` moves all fail."""
         index = self.index(config)
         strides = np.cumprod([1] + self._radix[:0:-1])[::-1]  # index step of each knob
         for _ in range(tries):
             knob = int(rng.integers(len(self.knobs)))
+            if self._radix[knob] < 2:
+                continue
             pos = self.knobs[knob].values.index(config[self.knobs[knob].name])
-            step = 1 if rng.random() < 0.5 else -1
-            if 0 <= pos + step < self._radix[knob]:
-                candidate = index + step * int(strides[knob])
-                if candidate in self._valid_set:
-                    return self.config(candidate)
+            new = (pos + int(rng.integers(1, self._radix[knob]))) % self._radix[knob]
+            candidate = index + (new - pos) * int(strides[knob])
+            if candidate in self._valid_set:
+                return self.config(candidate)
         return None
 
     def config(self, index: int) -> Config:
@@ -150,13 +157,12 @@ class Space:
         return [self.config(int(i)) for i in picks]
 
     def neighbours(self, config: Config) -> list[Config]:
-        """Valid configs that differ from `config` by one step of one knob."""
+        """Valid configs that differ from `config` in one knob."""
         out = []
         for knob in self.knobs:
-            pos = knob.values.index(config[knob.name])
-            for step in (-1, 1):
-                if 0 <= pos + step < len(knob.values):
-                    candidate = config.replace(**{knob.name: knob.values[pos + step]})
+            for value in knob.values:
+                if value != config[knob.name]:
+                    candidate = config.replace(**{knob.name: value})
                     if self.valid(candidate):
                         out.append(candidate)
         return out
