@@ -2,7 +2,7 @@
 of the best config seen in the whole run and against torch.matmul; saves a convergence plot (PNG).
 
 Live on a GPU (every trial really measured):
-    python scripts/search_bench.py --shape 4096 --dtype fp16 --seeds 3 --out DIR
+    python scripts/search_bench.py --shape 4096 --dtype fp16 --seeds 3 [--warmup-ms 25 --rep-ms 100] --out DIR
 Replaying a recorded space on any machine (times come from the recording):
     python scripts/search_bench.py --recorded tests/fixtures/spaces/space_4096_fp16.jsonl.gz --seeds 5 --out DIR
 """
@@ -33,7 +33,9 @@ def environment(args):
     from tritune.tuner.cli import make_expr
     from tritune.tuner.session import start_gpu
 
-    runner, task, builder = start_gpu(make_expr("matmul", args.shape, args.dtype))
+    from tritune.tuner.measure import Timing
+
+    runner, task, builder = start_gpu(make_expr("matmul", args.shape, args.dtype), Timing(args.warmup_ms, args.rep_ms))
     torch_ms = runner.torch_time(task.expr)[2]
     return task, builder, runner, torch_ms, lambda: (builder.close(), runner.close())
 
@@ -55,6 +57,8 @@ def main() -> None:
     p.add_argument("--strategies", default="sa,random,grid")
     p.add_argument("--budgets", default="16,32,64,128")
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--warmup-ms", type=float, default=25.0, help="live: do_bench warm-up per trial")
+    p.add_argument("--rep-ms", type=float, default=100.0, help="live: do_bench repetitions per trial")
     p.add_argument("--out", default=".")
     args = p.parse_args()
     budgets = [int(b) for b in args.budgets.split(",")]

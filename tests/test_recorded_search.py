@@ -8,7 +8,7 @@ from tritune.records.database import Database
 from tritune.records.result import DeviceKey
 from tritune.search import make_strategy
 from tritune.tuner.recorded import Recording, RecordedBuilder, RecordedRunner
-from tritune.tuner.tuner import Tuner, best_of
+from tritune.tuner.tuner import Task, Tuner, best_of
 
 SPACES = Path(__file__).parent / "fixtures" / "spaces"
 SEEDS = range(5)
@@ -29,18 +29,28 @@ def best_at_budget(recording, name, seed, tmp_path):
 def recording(request):
     rec = Recording.load(SPACES / request.param)
     task = rec.task(DeviceKey("recorded", "9.0", "-", "-", "-"))
-    # the recording holds the whole space: if the space changes, record again
-    assert {task.space.config(int(i)) for i in task.space.valid_indices} == set(rec.rows)
+    # every recorded config is in today's space (if the space changes, record again), and the
+    # recording is the whole space or a sample of at least 2000 configs
+    assert len(task.space.valid_indices) == len(rec.rows)
+    whole = len(task.space.valid_indices) == len(Task(task.expr, task.device, task.limits, task.absent).space.valid_indices)
+    assert whole or len(rec.rows) >= 2000
     return request.param, rec
 
 
-def test_sa_finds_98_percent_of_the_best_in_64_trials_and_beats_random(recording, tmp_path, request):
-    name, rec = recording
-    if name.startswith("space_3000x5000x1000"):
-        # one config within 2% of the best (2 stages x unroll 4 x 8 warps on 256x64x32): the model
-        # does not single it out in 64 trials yet (0/5 seeds); strict, so the day it does, this fails
-        request.applymarker(pytest.mark.xfail(strict=True, reason="odd-sized space: needle not found"))
+def test_sa_finds_98_percent_of_the_best_in_64_trials_and_beats_random(recording, tmp_path):
+    _, rec = recording
     sa = np.array([best_at_budget(rec, "sa", s, tmp_path) for s in SEEDS])
     rnd = np.array([best_at_budget(rec, "random", s, tmp_path) for s in SEEDS])
     assert (sa >= 0.98).sum() >= 4, sa
     assert sa.mean() > rnd.mean(), (sa, rnd)
+
+
+@pytest.mark.xfail(strict=True, reason="plain-tiling odd space: its one config within 2% is not predictable")
+def test_legacy_plain_tiling_odd_space(tmp_path):
+    """The odd shape over plain tiling (before TMA and the persistent loop; H100). Its best, 256x64x32
+    on 8 warps with 2 stages and unroll 4, is 7x faster than the same tile on 4 warps and 1.5x faster
+    than on 16: no neighbour hints at it, and sa finds it in 1 of 10 seeds (as random does). Strict:
+    the day a model singles it out, this fails and the marker goes."""
+    rec = Recording.load(SPACES / "legacy" / "space_3000x5000x1000_plain_fp16.jsonl.gz")
+    sa = np.array([best_at_budget(rec, "sa", s, tmp_path) for s in SEEDS])
+    assert (sa >= 0.98).sum() >= 4, sa

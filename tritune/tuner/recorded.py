@@ -41,11 +41,12 @@ class Recording:
                    meta["torch_ms"], rows)
 
     def task(self, device: DeviceKey) -> Task:
-        """The task of the recorded workload, over the knobs the recording has (a space measured
-        before later knobs existed replays as the subspace without them)."""
+        """The task of the recorded workload over the recorded configs: a space measured before
+        later knobs existed replays as the subspace without them, a sample as just the sample."""
         space = family(self.expr.op).space(self.expr, self.limits)
         recorded = set(next(iter(self.rows)))
-        return Task(self.expr, device, self.limits, tuple(k.name for k in space.knobs if k.name not in recorded))
+        absent = tuple(k.name for k in space.knobs if k.name not in recorded)
+        return Task(self.expr, device, self.limits, absent, frozenset(self.rows))
 
     @property
     def best_ms(self) -> float:

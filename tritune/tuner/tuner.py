@@ -27,6 +27,7 @@ class Task:
     device: DeviceKey
     limits: Limits
     absent: tuple[str, ...] = ()  # knobs left out of the space (at their defaults)
+    only: frozenset[Config] | None = None  # the space limited to these configs (a recorded sample)
 
     @property
     def family(self) -> Family:
@@ -41,7 +42,8 @@ class Task:
     def space(self) -> Space:
         """The schedule space of this task."""
         space = self.family.space(self.expr, self.limits)
-        return space.without(self.absent) if self.absent else space
+        space = space.without(self.absent) if self.absent else space
+        return space if self.only is None else space.restricted(self.only)
 
 
 def warm_start(db: Database, task: Task, min_trials: int = 8) -> Prior | None:
