@@ -87,8 +87,11 @@ def report(task, runs, budgets, best, torch_ms, out: Path, recorded: bool) -> No
             r = rows[name][b]
             cells.append(f"@{b}: {r['frac_mean']:.3f} ({r['frac_min']:.3f}) | {r['vs_torch_mean']:.3f}x")
         print(f"  {name:7s} " + "   ".join(cells))
+    # per-seed best-so-far times (None until a first config ran), to tell a stuck seed from noise
+    trajectories = {name: [[t if np.isfinite(t) else None for t in traj] for traj in trajs] for name, trajs in runs.items()}
     (out / "search_bench.json").write_text(json.dumps({"workload": task.expr.to_dict(), "best_ms": best,
-                                                       "torch_ms": torch_ms, "recorded": recorded, "rows": rows}, indent=1))
+                                                       "torch_ms": torch_ms, "recorded": recorded, "rows": rows,
+                                                       "trajectories": trajectories}, indent=1))
     plot(runs, best, task, out / "search_convergence.png", what)
 
 
