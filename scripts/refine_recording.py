@@ -14,10 +14,9 @@ import json
 
 import numpy as np
 
-from tritune.kernels.family import family
+from tritune.kernels.family import expr_from_dict, family
 from tritune.schedules.config import Config
 from tritune.tuner.measure import Timing
-from tritune.tuner.recorded import Recording
 from tritune.tuner.session import start_gpu
 
 
@@ -32,20 +31,20 @@ def main() -> None:
     args = p.parse_args()
     with gzip.open(args.src, "rt") as fp:
         meta, rows = json.loads(fp.readline())["meta"], [json.loads(line) for line in fp]
-    rec = Recording.load(args.src)
+    expr = expr_from_dict(meta["workload"])
     ok = sorted((r for r in rows if r["status"] == "OK"), key=lambda r: r["t_median"])[: args.top]
-    runner, _, builder = start_gpu(rec.expr, Timing(args.warmup_ms, args.rep_ms))
+    runner, _, builder = start_gpu(expr, Timing(args.warmup_ms, args.rep_ms))
     with runner:
         configs = [Config.of(r["config"]) for r in ok]
-        problem = family(rec.expr.op).canonical_problem(rec.expr)
-        for c, f in zip(configs, builder.submit(rec.expr, problem, configs)):
+        problem = family(expr.op).canonical_problem(expr)
+        for c, f in zip(configs, builder.submit(expr, problem, configs)):
             builder.result(f, c)  # compiled in parallel up front; the worker then finds them cached
         builder.close()
         for r, c in zip(ok, configs):
-            runs = [m.t_median for m in (runner.measure(rec.expr, c) for _ in range(args.repeats)) if m.ok]
+            runs = [m.t_median for m in (runner.measure(expr, c) for _ in range(args.repeats)) if m.ok]
             earlier = json.loads(r["message"]) if r["message"].startswith("[") else [r["t_median"]]
             r["t_median"], r["message"] = float(np.median(earlier + runs)), json.dumps(earlier + runs)
-        meta["torch_ms"] = float(np.median([runner.torch_time(rec.expr)[2] for _ in range(3)]))
+        meta["torch_ms"] = float(np.median([runner.torch_time(expr)[2] for _ in range(3)]))
     meta["refined"] = {"top": args.top, "repeats": args.repeats, "timing_ms": [args.warmup_ms, args.rep_ms]}
     with gzip.open(args.dst, "wt") as fp:
         fp.write(json.dumps({"meta": meta}) + "\n")
@@ -53,7 +52,7 @@ def main() -> None:
             fp.write(json.dumps(r) + "\n")
     best = sorted(ok, key=lambda r: r["t_median"])
     spread = [np.ptp(json.loads(r["message"])) / r["t_median"] for r in best[:20]]
-    print(f"{rec.expr.describe()}: torch {meta['torch_ms']:.4f} ms; best {best[0]['t_median']:.4f} ms "
+    print(f"{expr.describe()}: torch {meta['torch_ms']:.4f} ms; best {best[0]['t_median']:.4f} ms "
           f"= {meta['torch_ms'] / best[0]['t_median']:.3f}x; within 2% of it: "
           f"{sum(r['t_median'] <= best[0]['t_median'] / 0.98 for r in best)}; spread of the top 20 runs "
           f"(max-min)/median: median {np.median(spread):.3f}")

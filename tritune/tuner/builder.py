@@ -55,7 +55,8 @@ class Builder:
         self.target, self.shared_limit = target, shared_limit
         self.workers = workers or os.cpu_count() or 1
         self._pool = self._new_pool()
-        self._jobs: dict[Future, tuple[Any, Any]] = {}  # what each future compiles, to retry it
+        # what each future compiles, and in which pool, to retry it if that pool dies
+        self._jobs: dict[Future, tuple[Any, Any, ProcessPoolExecutor]] = {}
 
     def _new_pool(self) -> ProcessPoolExecutor:
         # spawn: the parent may hold CUDA or thread state that a fork would copy
@@ -65,7 +66,7 @@ class Builder:
         """Start compiling each config; futures resolve to BuildResult."""
         futures = [self._pool.submit(self.build, expr, c, problem, self.target, self.shared_limit) for c in configs]
         for f in futures:
-            self._jobs[f] = (expr, problem)
+            self._jobs[f] = (expr, problem, self._pool)
         return futures
 
     def result(self, future: Future, config: Config) -> BuildResult:
@@ -75,11 +76,11 @@ class Builder:
         other candidates in flight: each of those is compiled again alone in a process of its
         own, so that only the candidate that kills the compiler is blamed.
         """
-        expr, problem = self._jobs.pop(future)
+        expr, problem, pool = self._jobs.pop(future)
         try:
             return future.result()
         except BrokenProcessPool:
-            if self._pool._broken:  # noqa: SLF001 - ask the pool itself: a new one may have replaced it
+            if pool is self._pool:  # the first of its victims to be collected replaces the pool
                 self._pool.shutdown(wait=False, cancel_futures=True)
                 self._pool = self._new_pool()
         alone = ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"))
