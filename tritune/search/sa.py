@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Iterable, Sequence
+import itertools
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -28,14 +29,15 @@ class SimulatedAnnealing:
         scale = float(np.std(current)) or 1.0  # scores are in model units: anneal on a relative scale
         heap: list[tuple[float, int, Config]] = []
         in_heap: set[Config] = set()
-        self._offer(heap, in_heap, chains, current, k, exclude)
+        order = itertools.count()
+        self._offer(heap, in_heap, order, chains, current, k, exclude)
         calm = 0
         for step in range(self.n_steps):
             t0, t1 = self.temperature
             temp = t0 + (t1 - t0) * step / max(1, self.n_steps - 1)
             moves = [self.space.random_neighbour(c, self.rng) or c for c in chains]
             scores = score(moves)
-            changed = self._offer(heap, in_heap, moves, scores, k, exclude)
+            changed = self._offer(heap, in_heap, order, moves, scores, k, exclude)
             gain = (scores - current) / scale
             accept = (gain > 0) | (self.rng.random(len(moves)) < np.exp(np.minimum(gain, 0) / max(temp, 1e-6)))
             chains = [m if a else c for m, c, a in zip(moves, chains, accept)]
@@ -44,7 +46,7 @@ class SimulatedAnnealing:
             if calm >= self.patience:
                 break
         self.chains = chains
-        return [(s, c) for s, _, c in sorted(heap, key=lambda e: -e[0])]
+        return [(s, c) for s, _, c in sorted(heap, key=lambda e: e[:2], reverse=True)]
 
     def _start(self, starts: Iterable[Config]) -> list[Config]:
         """Persisting chains, re-seeded from `starts` (e.g. the best measured configs), topped up at random."""
@@ -54,13 +56,15 @@ class SimulatedAnnealing:
         return chains
 
     @staticmethod
-    def _offer(heap: list, in_heap: set, configs: Sequence[Config], scores: np.ndarray, k: int,
-               exclude: set[Config]) -> bool:
+    def _offer(heap: list, in_heap: set, order: Iterator[int], configs: Sequence[Config], scores: np.ndarray,
+               k: int, exclude: set[Config]) -> bool:
         changed = False
         for config, s in zip(configs, scores):
             if config in exclude or config in in_heap:
                 continue
-            entry = (float(s), id(config), config)
+            # equal scores (trees predict piecewise constants) rank the config met first higher;
+            # a memory address here made runs differ with the interpreter's hash seed
+            entry = (float(s), -next(order), config)
             if len(heap) < k:
                 heapq.heappush(heap, entry)
             elif entry[0] > heap[0][0]:
