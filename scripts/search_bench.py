@@ -1,10 +1,14 @@
 """Compare search strategies: best-at-budget (16/32/64/128 trials) over several seeds, as a fraction
 of the best config seen in the whole run and against torch.matmul; saves a convergence plot (PNG).
 
+Strategies: `sa` is warm-started as `tune-cli run` does it, by the measurements shipped with
+tritune for this GPU generation (never those of the workload searched; the database is fresh);
+`sa/cold` is the same search with no prior.
+
 Live on a GPU (every trial really measured):
     python scripts/search_bench.py --shape 4096 --dtype fp16 --seeds 3 [--warmup-ms 25 --rep-ms 100] --out DIR
 Replaying a recorded space on any machine (times come from the recording):
-    python scripts/search_bench.py --recorded tests/fixtures/spaces/space_4096_fp16.jsonl.gz --seeds 5 --out DIR
+    python scripts/search_bench.py --recorded tritune/tuner/recordings/space_4096_fp16.jsonl.gz --seeds 5 --out DIR
 """
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ import numpy as np
 
 from tritune.records.database import Database
 from tritune.records.result import DeviceKey
-from tritune.search import make_strategy
+from tritune.search import make_strategy, strategy_class
+from tritune.tuner.recorded import bundled_prior
 from tritune.tuner.tuner import Tuner
 
 
@@ -40,13 +45,21 @@ def environment(args):
     return task, builder, runner, torch_ms, lambda: (builder.close(), runner.close())
 
 
-def trajectory(task, builder, runner, name: str, seed: int, budget: int) -> list[float]:
-    """Best median time so far after each trial, for one strategy and seed (fresh database)."""
+def trajectory(task, builder, runner, spec: str, seed: int, budget: int) -> list[float]:
+    """Best median time so far after each trial, for one strategy ('name' or 'name/cold') and seed
+    (fresh database)."""
+    name, _, mode = spec.partition("/")
+    prior = None if mode == "cold" else bundled_prior(task)
     with tempfile.TemporaryDirectory() as tmp:
-        strategy = make_strategy(name, task.space, seed=seed, features=task.featurize)
+        strategy = make_strategy(name, task.space, seed=seed, features=task.featurize, prior=prior)
         history = Tuner(task, strategy, builder, runner, Database(Path(tmp) / "b.db"), batch_size=8).run(budget)
     times = [r.t_median if r.ok else np.inf for r in history]
     return np.minimum.accumulate(times).tolist()
+
+
+def seeds(spec: str, first: int, n: int) -> range:
+    """The seeds to run a strategy with: one for a strategy that ignores its seed."""
+    return range(first, first + (n if strategy_class(spec.partition("/")[0]).seeded else 1))
 
 
 def main() -> None:
@@ -54,17 +67,26 @@ def main() -> None:
     p.add_argument("--shape", default="4096")
     p.add_argument("--dtype", default="fp16")
     p.add_argument("--recorded", default=None)
-    p.add_argument("--strategies", default="sa,random,grid")
+    p.add_argument("--strategies", default="sa,sa/cold,random,grid")
     p.add_argument("--budgets", default="16,32,64,128")
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--first-seed", type=int, default=0, help="seeds run are first-seed .. first-seed + seeds - 1")
     p.add_argument("--warmup-ms", type=float, default=25.0, help="live: do_bench warm-up per trial")
     p.add_argument("--rep-ms", type=float, default=100.0, help="live: do_bench repetitions per trial")
     p.add_argument("--out", default=".")
     args = p.parse_args()
     budgets = [int(b) for b in args.budgets.split(",")]
     task, builder, runner, torch_ms, close = environment(args)
-    runs = {name: [trajectory(task, builder, runner, name, seed, max(budgets)) for seed in range(args.seeds)]
-            for name in args.strategies.split(",")}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    specs = args.strategies.split(",")
+    runs: dict[str, list] = {spec: [] for spec in specs}
+    # seed by seed, the strategies in turn: a GPU whose clocks drift over the run drifts for all alike
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
+        for spec in specs:
+            if seed in seeds(spec, args.first_seed, args.seeds):
+                runs[spec].append(trajectory(task, builder, runner, spec, seed, max(budgets)))
+                # kept as it goes: a run cut short by a time limit still leaves its finished seeds
+                (Path(args.out) / "search_bench.partial.json").write_text(json.dumps({"torch_ms": torch_ms, "runs": runs}))
     close()
     best = min(min(t) for trajs in runs.values() for t in trajs)
     if args.recorded:
@@ -86,7 +108,7 @@ def report(task, runs, budgets, best, torch_ms, out: Path, recorded: bool) -> No
                                            "vs_torch_mean": float(np.mean(torch_ms / at))}
             r = rows[name][b]
             cells.append(f"@{b}: {r['frac_mean']:.3f} ({r['frac_min']:.3f}) | {r['vs_torch_mean']:.3f}x")
-        print(f"  {name:7s} " + "   ".join(cells))
+        print(f"  {name:8s} " + "   ".join(cells))
     # per-seed best-so-far times (None until a first config ran), to tell a stuck seed from noise
     trajectories = {name: [[t if np.isfinite(t) else None for t in traj] for traj in trajs] for name, trajs in runs.items()}
     (out / "search_bench.json").write_text(json.dumps({"workload": task.expr.to_dict(), "best_ms": best,

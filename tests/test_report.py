@@ -12,15 +12,15 @@ from tritune.tuner.cli import main
 sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
 import import_recording  # noqa: E402
 
-SPACES = Path(__file__).parent / "fixtures" / "spaces"
+SPACES = Path(__file__).parent / "fixtures" / "spaces" / "legacy"
 
 
 @pytest.fixture(scope="module")
 def db_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("report") / "t.db"
     with Database(path) as db:
-        # two recordings from one device (H100), so that held-out transfer between them is measured
-        for name in ("legacy/space_3000x5000x1000_plain_fp16.jsonl.gz", "space_4096_fp16.jsonl.gz"):
+        # two plain-tiling recordings from one device (H100), so held-out transfer between them is measured
+        for name in ("space_3000x5000x1000_plain_fp16.jsonl.gz", "space_4096_plain_fp16.jsonl.gz"):
             import_recording.load(db, str(SPACES / name))
     return path
 

@@ -31,12 +31,13 @@ class FakeModel:
         self.fits = []
         self.target = np.array([k.values.index(TARGET[k.name]) for k in SPACE.knobs])
 
-    def fit(self, X, y, groups=None):
+    def fit(self, X, y, groups=None, base_margin=None):
         self.fits.append((len(y), len(set(np.asarray(groups).tolist()))))
+        self.margins = base_margin
         return self
 
-    def predict(self, X):
-        return -np.abs(np.asarray(X) - self.target).sum(axis=1)
+    def predict(self, X, base_margin=None):
+        return -np.abs(np.asarray(X) - self.target).sum(axis=1) + (0 if base_margin is None else base_margin)
 
 
 def test_annealing_finds_the_optimum_of_a_score():
@@ -65,16 +66,30 @@ def test_model_based_strategy_follows_its_model_and_refits_each_round():
     assert min(distance(r.config) for r in s.results) <= 1
 
 
-def test_warm_start_uses_the_prior_in_the_first_round():
-    model = FakeModel()
+def test_warm_start_proposes_from_the_prior_then_corrects_it_with_own_trials():
+    prior_model, model = FakeModel(), FakeModel()
     prior = Prior(X=np.zeros((5, len(KNOBS)), dtype=np.float32), y=np.linspace(0, 1, 5), groups=np.zeros(5))
-    s = make_strategy("sa", SPACE, seed=0, features=knob_rows, model=model, prior=prior, eps=0.0, plan_size=8)
+    s = make_strategy("sa", SPACE, seed=0, features=knob_rows, model=model, prior_model=prior_model, prior=prior,
+                      eps=0.0, plan_size=8)
     batch = s.propose(8)
-    assert model.fits == [(5, 1)]  # fitted on the prior alone before anything was measured
+    assert prior_model.fits == [(5, 1)] and model.fits == []  # the prior's model alone picks the first round
     assert np.mean([distance(c) for c in batch]) < np.mean([distance(c) for c in SPACE.sample(np.random.default_rng(0), 8)])
     s.update([MeasureResult(c, Status.OK, t_median=1.0) for c in batch])
     s.propose(8)
-    assert model.fits[-1] == (13, 2)  # prior and own trials, as two groups
+    assert prior_model.fits == [(5, 1)]  # fitted once
+    assert model.fits == [(8, 1)]  # own trials only, starting from the prior model's scores
+    assert np.allclose(model.margins, prior_model.predict(knob_rows(batch)))
+
+
+def test_the_prior_moves_the_first_round_of_the_real_model():
+    """XGBoost with a base margin: a prior that rates one knob value best steers the first round to it."""
+    space = matmul_space(4096, 4096, 4096, 2, Limits.for_capability(9, 0))
+    configs = space.sample(np.random.default_rng(5), 300)
+    X = knob_rows(configs)
+    y = np.array([float(c["BLOCK_N"] == 256 and c["num_warps"] == 8) for c in configs], dtype=np.float32)
+    s = make_strategy("sa", space, seed=0, features=knob_rows, prior=Prior(X, y, np.zeros(len(y))), eps=0.0)
+    batch = s.propose(8)
+    assert sum(c["BLOCK_N"] == 256 and c["num_warps"] == 8 for c in batch) >= 6, batch
 
 
 def test_diverse_pick_prefers_new_knob_values():

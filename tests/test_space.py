@@ -73,15 +73,37 @@ def test_sampling_a_tiny_space_exhausts_it():
     assert sorted(c["x"] * 10 + c["y"] for c in tiny.sample(np.random.default_rng(0), 99)) == [11, 12, 21, 22]
 
 
-def test_neighbours_are_every_valid_config_one_knob_away(big):
+def test_neighbours_reach_every_knob_value_through_the_nearest_valid_config(big):
     c = big.config(int(big.valid_indices[len(big.valid_indices) // 3]))
     ns = big.neighbours(c)
     one_away = {c.replace(**{k.name: v}) for k in big.knobs for v in k.values if v != c[k.name]}
-    assert ns and set(ns) == {n for n in one_away if big.valid(n)} and len(ns) == len(set(ns))
+    assert {n for n in one_away if big.valid(n)} <= set(ns) and len(ns) == len(set(ns))
+    assert all(big.valid(n) and n != c for n in ns)
+    valid = [big.config(int(i)) for i in big.valid_indices]
+    for k in big.knobs:
+        for v in k.values:
+            with_v = [n for n in valid if n[k.name] == v]
+            if v == c[k.name] or not with_v:
+                continue
+            # the neighbour taking this value changes no more knobs than any valid config with it
+            changed = lambda n: sum(n[j.name] != c[j.name] for j in big.knobs)
+            reached = [n for n in ns if n[k.name] == v and changed(n) == min(map(changed, with_v))]
+            assert reached, (k.name, v)
     rng = np.random.default_rng(0)
-    for _ in range(50):
-        n = big.random_neighbour(c, rng)
-        assert n is None or n in set(ns)
+    moves = [big.random_neighbour(c, rng) for _ in range(200)]
+    assert all(big.valid(m) and m != c for m in moves) and len(set(moves)) >= len(ns) // 2
+
+
+def test_a_move_that_breaks_a_constraint_adjusts_the_fewest_other_knobs():
+    # y=2 is only valid with z=1: moving y from 1 to 2 must bring z along, and change nothing else
+    s = Space([Knob("x", (1, 2)), Knob("y", (1, 2)), Knob("z", (0, 1, 2))],
+              [lambda c: "y=2 needs z=1" if c["y"] == 2 and c["z"] != 1 else None])
+    c = Config.of(x=1, y=1, z=2)
+    assert Config.of(x=1, y=2, z=1) in s.neighbours(c)
+    assert c.replace(y=2) not in s.neighbours(c)
+    moves = {s.random_neighbour(c, np.random.default_rng(i)) for i in range(40)}
+    assert moves == {Config.of(x=2, y=1, z=2), Config.of(x=1, y=1, z=0), Config.of(x=1, y=1, z=1),
+                     Config.of(x=1, y=2, z=1)}
 
 
 def test_warp_specialisation_only_where_triton_can_build_it():

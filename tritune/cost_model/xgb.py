@@ -12,7 +12,8 @@ class XGBCostModel:
     """Gradient-boosted trees, scikit-learn style: hyper-parameters here, learned state in `booster_`.
 
     objective "rank" trains pairwise ranking within each group (one group per workload); "reg"
-    regresses the label directly.
+    regresses the label directly. `base_margin` (fit and predict alike) is a starting score per
+    row, e.g. another model's prediction: the trees then learn corrections to it.
     """
 
     def __init__(self, objective: str = "rank", n_estimators: int = 150, max_depth: int = 6,
@@ -24,7 +25,8 @@ class XGBCostModel:
         self.learning_rate, self.subsample, self.min_child_weight = learning_rate, subsample, min_child_weight
         self.seed, self.n_jobs = seed, n_jobs
 
-    def fit(self, X: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None) -> "XGBCostModel":
+    def fit(self, X: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None,
+            base_margin: np.ndarray | None = None) -> "XGBCostModel":
         """Train on feature rows X and labels y (higher is better); groups separate workloads."""
         import xgboost as xgb
 
@@ -32,7 +34,8 @@ class XGBCostModel:
         groups = np.zeros(len(y), dtype=np.int64) if groups is None else np.asarray(groups)
         order = np.argsort(groups, kind="stable")  # xgboost wants each ranking group contiguous
         label = np.floor(np.clip(y, 0, 1) * RANK_GRADES) if self.objective == "rank" else y
-        dtrain = xgb.DMatrix(X[order], label=label[order])
+        dtrain = xgb.DMatrix(X[order], label=label[order],
+                             base_margin=None if base_margin is None else np.asarray(base_margin)[order])
         params = {"objective": "reg:squarederror"}
         if self.objective == "rank":
             dtrain.set_group(np.unique(groups[order], return_counts=True)[1])
@@ -48,8 +51,8 @@ class XGBCostModel:
         self.booster_ = xgb.train(params, dtrain, num_boost_round=self.n_estimators)
         return self
 
-    def predict(self, X: np.ndarray) -> np.ndarray:
+    def predict(self, X: np.ndarray, base_margin: np.ndarray | None = None) -> np.ndarray:
         """Scores, higher meaning faster; comparable only within one workload for 'rank'."""
         import xgboost as xgb
 
-        return self.booster_.predict(xgb.DMatrix(np.asarray(X, dtype=np.float32)))
+        return self.booster_.predict(xgb.DMatrix(np.asarray(X, dtype=np.float32), base_margin=base_margin))

@@ -101,23 +101,45 @@ class Space:
         return np.array(out, dtype=np.int64)
 
     @cached_property
-    def _valid_set(self) -> frozenset[int]:
-        return frozenset(int(i) for i in self.valid_indices)
+    def _by_value(self) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
+        """(knob, value position) -> (valid indices with that value, their value positions)."""
+        digits = np.stack([(self.valid_indices // stride) % radix for stride, radix in
+                           zip(self._strides, self._radix)], axis=1).astype(np.int16)
+        return {(k, pos): (self.valid_indices[rows], digits[rows])
+                for k in range(len(self.knobs)) for pos in range(self._radix[k])
+                for rows in [np.flatnonzero(digits[:, k] == pos)] if len(rows)}
 
-    def random_neighbour(self, config: Config, rng: np.random.Generator, tries: int = 8) -> Config | None:
-        """A random valid config that differs in one knob (set to any other of its values), or
-        None if `tries` moves all fail."""
-        index = self.index(config)
-        strides = np.cumprod([1] + self._radix[:0:-1])[::-1]  # index step of each knob
-        for _ in range(tries):
-            knob = int(rng.integers(len(self.knobs)))
-            if self._radix[knob] < 2:
-                continue
+    @cached_property
+    def _strides(self) -> list[int]:
+        return [int(s) for s in np.cumprod([1] + self._radix[:0:-1])[::-1]]  # index step of each knob
+
+    def _nearest(self, config: Config, knob: int, pos: int, rng: np.random.Generator | None) -> Config | None:
+        """The valid config with knob `knob` at value position `pos` that changes the fewest other
+        knobs of `config` (then the fewest value steps); ties go to `rng`, else to the first."""
+        if (knob, pos) not in self._by_value:
+            return None
+        indices, digits = self._by_value[(knob, pos)]
+        here = np.array([k.values.index(config[k.name]) for k in self.knobs], dtype=np.int16)
+        steps = np.abs(digits - here)
+        # a knob changed at all costs more than any number of steps in the others
+        cost = (steps > 0).sum(axis=1) * 1000 + steps.sum(axis=1)
+        nearest = np.flatnonzero(cost == cost.min())
+        pick = nearest[0] if rng is None else rng.choice(nearest)
+        return self.config(int(indices[pick]))
+
+    def random_neighbour(self, config: Config, rng: np.random.Generator) -> Config | None:
+        """A random move: one knob set to another of its values; where that alone breaks a
+        constraint, the nearest valid config with that value (see `neighbours`). None if no knob
+        can move."""
+        movable = [k for k in range(len(self.knobs)) if self._radix[k] > 1]
+        while movable:
+            knob = movable[int(rng.integers(len(movable)))]
             pos = self.knobs[knob].values.index(config[self.knobs[knob].name])
             new = (pos + int(rng.integers(1, self._radix[knob]))) % self._radix[knob]
-            candidate = index + (new - pos) * int(strides[knob])
-            if candidate in self._valid_set:
-                return self.config(candidate)
+            moved = self._nearest(config, knob, new, rng)
+            if moved is not None:
+                return moved
+            movable.remove(knob)  # rare: no valid config has that value; try another knob
         return None
 
     def config(self, index: int) -> Config:
@@ -157,14 +179,17 @@ class Space:
         return [self.config(int(i)) for i in picks]
 
     def neighbours(self, config: Config) -> list[Config]:
-        """Valid configs that differ from `config` in one knob."""
+        """For each knob and each other value of it, the nearest valid config with that value:
+        the config with just that knob changed where valid, else the fewest further knobs
+        adjusted to make it valid (a 128x128 tile on 4 warps and 6 stages reaches 128x256 by
+        taking 8 warps and 3 stages along, where no single-knob move is valid)."""
         out = []
-        for knob in self.knobs:
-            for value in knob.values:
+        for k, knob in enumerate(self.knobs):
+            for pos, value in enumerate(knob.values):
                 if value != config[knob.name]:
-                    candidate = config.replace(**{knob.name: value})
-                    if self.valid(candidate):
-                        out.append(candidate)
+                    moved = self._nearest(config, k, pos, None)
+                    if moved is not None and moved not in out:
+                        out.append(moved)
         return out
 
     def _in_product(self, config: Config) -> bool:

@@ -14,13 +14,18 @@ REGISTRY = {
 }
 
 
-def make_strategy(name: str, space: Space, seed: int = 0, features: Featurize | None = None,
-                  prior: Prior | None = None, **options) -> Strategy:
-    """Instantiate a registered strategy by name (ValueError lists the known names)."""
+def strategy_class(name: str) -> type[Strategy]:
+    """The registered strategy class of a name (ValueError lists the known names)."""
     if name not in REGISTRY:
         raise ValueError(f"unknown strategy {name!r}; known: {', '.join(sorted(REGISTRY))}")
     module, cls = REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module), cls)(space, seed=seed, features=features, prior=prior, **options)
+    return getattr(importlib.import_module(module), cls)
 
 
-__all__ = ["REGISTRY", "Featurize", "Prior", "Strategy", "make_strategy"]
+def make_strategy(name: str, space: Space, seed: int = 0, features: Featurize | None = None,
+                  prior: Prior | None = None, **options) -> Strategy:
+    """Instantiate a registered strategy by name (ValueError lists the known names)."""
+    return strategy_class(name)(space, seed=seed, features=features, prior=prior, **options)
+
+
+__all__ = ["REGISTRY", "Featurize", "Prior", "Strategy", "make_strategy", "strategy_class"]

@@ -23,6 +23,16 @@ class Prior:
     y: np.ndarray
     groups: np.ndarray
 
+    @staticmethod
+    def merge(*priors: "Prior | None") -> "Prior | None":
+        """One prior holding every given one's workloads as separate groups (None if none given)."""
+        given = [p for p in priors if p is not None and len(p.y)]
+        if not given:
+            return None
+        offsets = np.cumsum([0] + [int(p.groups.max()) + 1 for p in given[:-1]])
+        return Prior(np.concatenate([p.X for p in given]), np.concatenate([p.y for p in given]),
+                     np.concatenate([p.groups + o for p, o in zip(given, offsets)]))
+
 
 class Strategy:
     """Proposes configs to measure and learns from their results. Never measures anything itself.
@@ -30,6 +40,8 @@ class Strategy:
     Subclasses implement `_propose(n)`; the base keeps the set of configs already proposed or
     measured, so no strategy proposes a config twice (resumed runs pass stored results to update).
     """
+
+    seeded = True  # False: the same proposals whatever the seed (one run says all)
 
     def __init__(self, space: Space, seed: int = 0, features: Featurize | None = None,
                  prior: Prior | None = None) -> None:

@@ -8,6 +8,8 @@ from tritune.search.base import Strategy
 class GridSearch(Strategy):
     """Walks valid configs in index order, skipping those already seen (the seed is unused)."""
 
+    seeded = False
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._cursor = 0

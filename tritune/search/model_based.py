@@ -1,7 +1,11 @@
 """Model-based search: a cost model learns from measurements, an optimizer proposes what it rates best.
 
-The strategy is a composition (as in AutoTVM): any object with fit(X, y, groups) / predict(X) is a
-model, so the loop is testable with a fake model; simulated annealing explores the space with it.
+The strategy is a composition (as in AutoTVM): any object with fit(X, y, groups, base_margin) /
+predict(X, base_margin) is a model, so the loop is testable with a fake model; simulated annealing
+explores the space with it. With a prior (other workloads' measurements), a second model learns
+the prior once and its scores are the starting point (base margin) that the model of this
+workload's own trials corrects (AutoTVM's transfer learning): the first round is the prior's pick,
+and own trials outvote it where they disagree.
 """
 from __future__ import annotations
 
@@ -18,20 +22,21 @@ from tritune.search.sa import SimulatedAnnealing
 class ModelBasedStrategy(Strategy):
     """Measures `plan_size` configs per round; refits the model after each; ε of picks are random."""
 
-    def __init__(self, *args: Any, model: Any = None, plan_size: int = 8, eps: float = 0.1,
-                 min_train: int = 8, diversity: float = 0.3, candidates: int = 4, local: float = 0.25,
-                 **kwargs: Any) -> None:
+    def __init__(self, *args: Any, model: Any = None, prior_model: Any = None, plan_size: int = 8,
+                 eps: float = 0.1, min_train: int = 8, diversity: float = 0.3, candidates: int = 4,
+                 local: float = 0.25, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self.features is None:
             raise ValueError("a model-based strategy needs a features function of the task")
-        if model is None:
-            from tritune.cost_model.xgb import XGBCostModel
+        from tritune.cost_model.xgb import XGBCostModel
 
-            model = XGBCostModel(seed=self.seed)
-        self.model, self.plan_size, self.eps = model, plan_size, eps
+        self.model = XGBCostModel(seed=self.seed) if model is None else model
+        self.prior_model = XGBCostModel(seed=self.seed) if prior_model is None else prior_model
+        self.plan_size, self.eps = plan_size, eps
         self.min_train, self.diversity, self.candidates, self.local = min_train, diversity, candidates, local
         self.optimizer = SimulatedAnnealing(self.space, self.rng)
         self._cache: dict[Config, np.ndarray] = {}
+        self._margins: dict[Config, float] = {}  # the prior model's score of each config
         self._fitted_on = -1
 
     @property
@@ -61,19 +66,18 @@ class ModelBasedStrategy(Strategy):
         return [near[i] for i in order[:n]]
 
     def _fit(self) -> bool:
-        """Refit on everything measured (plus the prior) when there is news; False if too little data."""
+        """Refit on this workload's trials when there is news (the prior model is fitted once,
+        first); False while there is too little to rank by."""
         own = self.results
+        if self.prior is not None and self._fitted_on < 0:
+            self.prior_model.fit(self.prior.X, self.prior.y, self.prior.groups)
+            self._fitted_on = 0
         if len(own) < self.min_train and self.prior is None:
             return False
-        if self._fitted_on == len(own):
-            return True
-        parts = [] if self.prior is None else [(self.prior.X, self.prior.y, self.prior.groups)]
-        if own:
-            group = (self.prior.groups.max() + 1) if self.prior is not None else 0
-            parts.append((self._rows([r.config for r in own]), labels(own), np.full(len(own), group)))
-        X, y, groups = (np.concatenate(p) for p in zip(*parts))
-        self.model.fit(X, y, groups)
-        self._fitted_on = len(own)
+        if own and self._fitted_on != len(own):
+            configs = [r.config for r in own]
+            self.model.fit(self._rows(configs), labels(own), np.zeros(len(own)), base_margin=self._margin(configs))
+            self._fitted_on = len(own)
         return True
 
     def _rows(self, configs: Sequence[Config]) -> np.ndarray:
@@ -82,8 +86,19 @@ class ModelBasedStrategy(Strategy):
             self._cache.update(zip(missing, self.features(missing)))
         return np.stack([self._cache[c] for c in configs])
 
+    def _margin(self, configs: Sequence[Config]) -> np.ndarray | None:
+        """The prior model's scores (None without a prior)."""
+        if self.prior is None:
+            return None
+        missing = [c for c in configs if c not in self._margins]
+        if missing:
+            self._margins.update(zip(missing, map(float, self.prior_model.predict(self._rows(missing)))))
+        return np.array([self._margins[c] for c in configs], dtype=np.float32)
+
     def _score(self, configs: Sequence[Config]) -> np.ndarray:
-        return np.asarray(self.model.predict(self._rows(configs)), dtype=np.float64)
+        if not self.results:  # only the prior so far
+            return np.asarray(self._margin(configs), dtype=np.float64)
+        return np.asarray(self.model.predict(self._rows(configs), base_margin=self._margin(configs)), dtype=np.float64)
 
     def _best(self, k: int) -> list[Config]:
         ok = sorted((r for r in self.results if r.ok), key=lambda r: r.t_median)

@@ -74,6 +74,9 @@ db_option = click.option("--db", "db_path", default=None, help=f"tuning database
 @click.option("--trials", default=128, show_default=True, type=click.IntRange(1), help="measurements in total for this workload")
 @click.option("--strategy", default="sa", show_default=True, help=f"one of {', '.join(sorted(REGISTRY))}")
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--prior", default="all", show_default=True, type=click.Choice(["all", "db", "none"]),
+              help="what warm-starts the cost model: the database's other workloads on this GPU and the "
+                   "measurements shipped for its generation (all), only the database (db), nothing (none)")
 @click.option("--batch-size", default=32, show_default=True, type=click.IntRange(1), help="candidates per round")
 @click.option("--early-stop", default=None, type=click.IntRange(1), help="stop after this many trials without a new best")
 @click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(1), help="seconds before a candidate counts as hung")
@@ -81,7 +84,7 @@ db_option = click.option("--db", "db_path", default=None, help=f"tuning database
 @click.option("--summary-json", default=None, type=click.Path(dir_okay=False), help="also write the final numbers here")
 @click.option("--inject-fault", "faults", multiple=True, type=click.Choice(["oob", "hang"]), hidden=True)
 @db_option
-def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, trials, strategy, seed, batch_size,
+def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, trials, strategy, seed, prior, batch_size,
         early_stop, timeout, workers, summary_json, faults, db_path) -> None:
     """Tune one workload on this GPU and store every trial."""
     from tritune.tuner.runner import WorkerDied
@@ -95,7 +98,7 @@ def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, tria
         open_db(db_path, must_exist=True).close()  # a bad file is reported before anything else
     require_gpu()
     db = open_db(db_path)
-    options = TuneOptions(trials, strategy, seed, batch_size, early_stop, timeout, workers, tuple(faults))
+    options = TuneOptions(trials, strategy, seed, batch_size, early_stop, timeout, workers, tuple(faults), prior)
     try:
         summary = tune(expr, db, options)
     except WorkerDied as exc:  # the GPU worker could not even start: nothing to tune with

@@ -8,13 +8,17 @@ from __future__ import annotations
 import gzip
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
-from tritune.kernels.family import expr_from_dict, family
+import numpy as np
+
+from tritune.kernels.family import expr_from_dict, family, training_set
 from tritune.records.result import DeviceKey, MeasureResult, Status
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits
+from tritune.search.base import Prior
 from tritune.tuner.builder import BuildResult
 from tritune.tuner.tuner import Task
 
@@ -92,3 +96,29 @@ class RecordedRunner:
     def measure(self, expr: Any, config: Config, compile_s: float = 0.0) -> MeasureResult:
         self.measured.append(config)
         return self.recording.result(config)
+
+
+# Recordings shipped with tritune (real GPU measurements of whole spaces or large samples); see
+# recordings/README.md for how and where each was measured.
+BUNDLED = Path(__file__).parent / "recordings"
+
+
+@lru_cache(maxsize=None)
+def bundled() -> tuple[Recording, ...]:
+    """The shipped recordings, loaded once."""
+    return tuple(Recording.load(p) for p in sorted(BUNDLED.glob("*.jsonl.gz")))
+
+
+def bundled_prior(task: Task) -> Prior | None:
+    """The shipped recordings of the task's op on GPUs of its compute capability, as a cost-model
+    prior: one group per workload, never the task's own workload (tuning it must search, not
+    look up). None where nothing matches (another op, or another GPU generation)."""
+    parts = []
+    for rec in bundled():
+        if (rec.expr.op, rec.device["capability"]) != (task.expr.op, task.device.capability) \
+                or rec.expr.key == task.expr.key:
+            continue
+        configs = list(rec.rows)
+        X, y = training_set(rec.expr, rec.limits, [rec.result(c) for c in configs])
+        parts.append(Prior(X, y, np.zeros(len(y), dtype=np.int64)))
+    return Prior.merge(*parts)

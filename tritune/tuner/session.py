@@ -9,10 +9,11 @@ from typing import Any, Iterator
 from tritune.kernels.device import device_key
 from tritune.records.database import Database
 from tritune.schedules.space import Limits
-from tritune.search import make_strategy
+from tritune.search import Prior, make_strategy
 from tritune.tuner import display
 from tritune.tuner.builder import Builder
 from tritune.tuner.measure import Timing
+from tritune.tuner.recorded import bundled_prior
 from tritune.tuner.runner import Runner
 from tritune.tuner.tuner import Task, Tuner, best_of, warm_start
 
@@ -29,6 +30,7 @@ class TuneOptions:
     timeout_s: float = 30.0
     workers: int | None = None
     faults: tuple[str, ...] = ()
+    prior: str = "all"  # what warm-starts the cost model: "all" (database + shipped), "db", "none"
 
 
 def device_task(expr: Any, info: dict) -> Task:
@@ -62,6 +64,19 @@ def gpu_session(expr: Any, options: TuneOptions) -> Iterator[tuple[Runner, Build
             builder.close()
 
 
+PRIORS = ("all", "db", "none")
+
+
+def prior_for(db: Database, task: Task, which: str = "all") -> Prior | None:
+    """The cost-model prior for a task: the database's trials of the op's other workloads on this
+    GPU ("db"), plus the measurements shipped with tritune for this GPU generation ("all")."""
+    if which not in PRIORS:
+        raise ValueError(f"prior must be one of {PRIORS}, got {which!r}")
+    if which == "none":
+        return None
+    return Prior.merge(warm_start(db, task), bundled_prior(task) if which == "all" else None)
+
+
 def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Builder] | None = None) -> dict:
     """Tune `expr`, print progress and the final table, and return the summary numbers; `gpu` is a
     started `gpu_session` to reuse (else one is started for this workload alone)."""
@@ -72,7 +87,7 @@ def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Build
     runner, builder = gpu
     task = device_task(expr, runner.device_info())
     strategy = make_strategy(options.strategy, task.space, seed=options.seed, features=task.featurize,
-                             prior=warm_start(db, task))
+                             prior=prior_for(db, task, options.prior))
     history = _tune_loop(task, strategy, builder, runner, db, options)
     best = best_of(history)
     display.console.print(display.status_line(history) + f"; worker restarts: {runner.restarts}")
