@@ -13,8 +13,10 @@ import torch
 
 import tritune
 from tritune.kernels.build import Kernel, problem_of
+from tritune.kernels.contraction import torch_dtype
+from tritune.kernels.family import family
 from tritune.tuner.cli import make_expr
-from tritune.tuner.measure import TORCH_DTYPES, Timing, make_inputs, reference, rel_error, time_fn, tolerance
+from tritune.tuner.measure import Timing, rel_error, time_fn
 
 
 def host_us_per_call(fn, calls: int = 400) -> float:
@@ -37,17 +39,19 @@ def main() -> None:
     p.add_argument("--dtype", default="fp16")
     args = p.parse_args()
     expr = make_expr("matmul", args.shape, args.dtype)
-    x = make_inputs(expr, seed=123)
-    a, b = x.a[0], x.b[0]
+    fam = family(expr.op)
+    x = fam.inputs(expr, 123, "cuda")
+    a, b = x.args[0][0], x.args[1][0]
     with tritune.apply_history_best(args.db):
         choice = tritune.ops.explain(a, b)
         y = tritune.ops.matmul(a, b)
         torch.cuda.synchronize()
-        err = rel_error(y, reference(expr, x)[0])
+        err = rel_error(y, fam.reference(expr, x.args)[0])
         ops_ms = time_fn(lambda: tritune.ops.matmul(a, b), Timing())[2]
     torch_ms = time_fn(lambda: torch.matmul(a, b), Timing())[2]
     print(f"replay {expr.describe()}: source={choice.source} config={choice.config.to_json()}")
-    print(f"  rel error {err:.2e} (tolerance {tolerance(expr):.0e}) -> {'OK' if err <= tolerance(expr) else 'WRONG'}")
+    tol = fam.tolerance(expr)
+    print(f"  rel error {err:.2e} (tolerance {tol:.0e}) -> {'OK' if err <= tol else 'WRONG'}")
     print(f"  ops.matmul {ops_ms:.4f} ms, torch.matmul {torch_ms:.4f} ms, ratio {torch_ms / ops_ms:.3f}x")
     overhead(args.db, choice.config, args.dtype)
 
@@ -55,7 +59,7 @@ def main() -> None:
 def overhead(db: str, config, dtype: str) -> None:
     """Per-call host cost of ops.matmul against a direct launch of the same compiled kernel."""
     small = make_expr("matmul", "64", dtype)
-    a = torch.randn(64, 64, device="cuda", dtype=TORCH_DTYPES[dtype])
+    a = torch.randn(64, 64, device="cuda", dtype=torch_dtype(dtype))
     out = torch.empty_like(a)
     kernel = Kernel(small, config, problem_of(small, a, a, out))
     with warnings.catch_warnings():
