@@ -3,8 +3,9 @@ channels_last) on the same inputs, in one run; prints a compact table last and w
 
 Usage: python scripts/conv_bench.py [--trials 48] [--dtype fp16] [--layers 0,1,..] [--out DIR]
 
-Tuning uses the GPU worker and compile pool of the tuner (fresh database in --out, `sa` search
-warm-started from the layers tuned before). The final comparison runs in this process: each round
+Tuning is `tune-cli run`'s, one layer after the other on one GPU worker and compile pool
+(`tritune.tuner.session.tune_all`; fresh database in --out, `sa` warm-started from the layers
+tuned before). The final comparison runs in this process: each round
 times ours, cuDNN with its default heuristics and cuDNN with `cudnn.benchmark=True` (its own
 autotuning) alternately on the same tensors with triton.testing.do_bench; medians of the rounds.
 """
@@ -22,10 +23,8 @@ from tritune.kernels.conv import Conv2d
 from tritune.kernels.family import family
 from tritune.records.database import Database
 from tritune.schedules.config import Config
-from tritune.search import make_strategy
 from tritune.tuner.measure import rel_error
-from tritune.tuner.session import device_task, start_gpu
-from tritune.tuner.tuner import Tuner, best_of, warm_start
+from tritune.tuner.session import TuneOptions, tune_all
 
 # (name, N, H, W, C, K, R, S, stride, padding): ResNet-50-like layers at batch 32
 LAYERS = (
@@ -35,39 +34,6 @@ LAYERS = (
     ("conv2_1x1", 32, 56, 56, 256, 64, 1, 1, 1, 0),
     ("stem_7x7", 32, 224, 224, 3, 64, 7, 7, 2, 3),
 )
-
-
-def tune_all(exprs: list[Conv2d], db: Database, trials: int, seed: int) -> list[dict]:
-    """Tune each expression with one GPU worker and one compile pool; the best config of each."""
-    runner, _, builder = start_gpu(exprs[0], seed=seed)
-    out = []
-    with runner:
-        try:
-            for expr in exprs:
-                out.append(tune_one(expr, db, trials, seed, runner, builder))
-        finally:
-            builder.close()
-    return out
-
-
-def tune_one(expr: Conv2d, db: Database, trials: int, seed: int, runner, builder) -> dict:
-    """One layer's search: its statuses, best config and wall time (None when nothing ran)."""
-    start = time.time()
-    task = device_task(expr, runner.device_info())
-    valid = len(task.space.valid_indices)
-    print(f"tuning {expr.describe()}: {valid} valid configs", flush=True)
-    if not valid:
-        return {"valid": 0, "trials": 0, "best": None, "tune_s": 0.0, "statuses": {}}
-    strategy = make_strategy("sa", task.space, seed=seed, features=task.featurize, prior=warm_start(db, task))
-    history = Tuner(task, strategy, builder, runner, db, batch_size=16).run(trials)
-    best = best_of(history)
-    statuses = {}
-    for r in history:
-        statuses[r.status.value] = statuses.get(r.status.value, 0) + 1
-    print(f"  {len(history)} trials in {time.time() - start:.1f} s: {statuses}; best "
-          f"{best.t_median if best else float('nan'):.4f} ms {dict(best.config) if best else ''}", flush=True)
-    return {"valid": valid, "trials": len(history), "statuses": statuses, "tune_s": time.time() - start,
-            "best": dict(best.config) if best else None, "best_tuning_ms": best.t_median if best else None}
 
 
 def compare(expr: Conv2d, config: dict, rounds: int = 5) -> dict:
@@ -102,10 +68,10 @@ def table(rows: list[dict]) -> str:
     lines = [head]
     for r in rows:
         gemm = "x".join(map(str, r["gemm"]))
-        if r["best"] is None:
-            lines.append(f"{r['name']:11s} {gemm:>20s} {r['trials']:6d}  no correct candidate ({r['valid']} valid)")
+        if r["best_config"] is None:
+            lines.append(f"{r['name']:11s} {gemm:>20s} {r['trials']:6d}  no correct candidate ({r['space_valid']} valid)")
             continue
-        c = r["best"]
+        c = r["best_config"]
         cfg = f"{c['BLOCK_M']}x{c['BLOCK_N']}x{c['BLOCK_K']} g{c['GROUP_M']} w{c['num_warps']} s{c['num_stages']} u{c['UNROLL']}"
         lines.append(f"{r['name']:11s} {gemm:>20s} {r['trials']:6d} {r['ours_ms']:8.4f} {r['cudnn_ms']:8.4f} "
                      f"{r['cudnn_bench_ms']:8.4f} {r['ratio_vs_cudnn']:7.3f} {r['ratio_vs_cudnn_bench']:9.3f} "
@@ -129,12 +95,12 @@ def main() -> None:
     for stale in out.glob("conv.db*"):
         stale.unlink()  # a fresh database: a rerun must tune, not resume
     start = time.time()
-    tuned = tune_all(exprs, Database(db_path), args.trials, args.seed)
+    tuned = tune_all(exprs, Database(db_path), TuneOptions(trials=args.trials, seed=args.seed, batch_size=16))
     rows = []
     for layer, expr, t in zip(picked, exprs, tuned):
-        row = {"name": layer[0], "workload": expr.to_dict(), "describe": expr.describe(), "gemm": expr.gemm, **t}
-        if t["best"] is not None:
-            row.update(compare(expr, t["best"]))
+        row = {"name": layer[0], "describe": expr.describe(), "gemm": expr.gemm, **t}
+        if t["best_config"] is not None:
+            row.update(compare(expr, t["best_config"]))
         rows.append(row)
     info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
             "triton": __import__("triton").__version__, "trials": args.trials, "wall_s": time.time() - start}

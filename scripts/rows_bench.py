@@ -4,9 +4,9 @@ and writes JSON.
 
 Usage: python scripts/rows_bench.py [--trials 48] [--dtype fp16] [--only 0,2] [--rounds 3] [--out DIR]
 
-Tuning uses the GPU worker and compile pool of the tuner (scripts/conv_bench.py's `tune_all`: one
-of each for every workload, a fresh database in --out, `sa` warm-started from the workloads tuned
-before). The comparison then runs in this process: each round times ours, eager and compiled
+Tuning is `tune-cli run`'s, one workload after the other on one GPU worker and compile pool
+(`tritune.tuner.session.tune_all`; a fresh database in --out, `sa` warm-started from the workloads
+tuned before). The comparison then runs in this process: each round times ours, eager and compiled
 alternately with triton.testing.do_bench (L2 flushed before every run); medians of the rounds.
 Bandwidth counts the bytes each op must move: read x, write y (and the layernorm weight and bias).
 """
@@ -22,13 +22,12 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from conv_bench import tune_all  # same directory: the one multi-workload tuning loop of the scripts
-
 from tritune.kernels.family import Operands, family
 from tritune.kernels.rows import LayerNorm, RowOp, Softmax
 from tritune.records.database import Database
 from tritune.schedules.config import Config
 from tritune.tuner.measure import Timing, rel_error, time_fn
+from tritune.tuner.session import TuneOptions, tune_all
 
 # (op, M, N): a 4k-vocabulary/attention-like softmax, many short rows, a GPT-2 vocabulary (odd N),
 # transformer hidden sizes for layernorm
@@ -77,10 +76,10 @@ def table(rows: list[dict]) -> str:
     lines = [f"{'workload':26s} {'trials':>6s} {'ours':>8s} {'eager':>8s} {'compile':>8s} {'x eager':>7s} "
              f"{'x compile':>9s} {'TB/s':>5s} {'eagerTB/s':>9s} {'err':>8s}  best config"]
     for r in rows:
-        if r["best"] is None:
-            lines.append(f"{r['describe']:26s} {r['trials']:6d}  no correct candidate ({r['valid']} valid)")
+        if r["best_config"] is None:
+            lines.append(f"{r['describe']:26s} {r['trials']:6d}  no correct candidate ({r['space_valid']} valid)")
             continue
-        c = r["best"]
+        c = r["best_config"]
         mode = "1-pass" if c["BLOCK_N"] >= r["workload"]["n"] else "2-pass"
         lines.append(f"{r['describe']:26s} {r['trials']:6d} {r['ours_ms']:8.4f} {r['eager_ms']:8.4f} "
                      f"{r['compiled_ms']:8.4f} {r['x_eager']:7.3f} {r['x_compiled']:9.3f} {r['ours_tbps']:5.2f} "
@@ -105,13 +104,13 @@ def main() -> None:
     for stale in out.glob("rows.db*"):
         stale.unlink()  # a fresh database: a rerun must tune, not resume
     start = time.time()
-    tuned = tune_all(exprs, Database(out / "rows.db"), args.trials, args.seed)
+    tuned = tune_all(exprs, Database(out / "rows.db"), TuneOptions(trials=args.trials, seed=args.seed, batch_size=16))
     tune_s = time.time() - start
     rows = []
     for expr, t in zip(exprs, tuned):
-        row = {"workload": expr.to_dict(), "describe": expr.describe(), "bytes": expr.bytes, **t}
-        if t["best"] is not None:
-            row.update(compare(expr, t["best"], args.rounds))
+        row = {"describe": expr.describe(), "bytes": expr.bytes, **t}
+        if t["best_config"] is not None:
+            row.update(compare(expr, t["best_config"], args.rounds))
         rows.append(row)
     info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "triton": __import__("triton").__version__, "trials": args.trials, "tune_s": tune_s,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from tritune.kernels.device import device_key
 from tritune.records.database import Database
@@ -77,6 +77,12 @@ def prior_for(db: Database, task: Task, which: str = "all") -> Prior | None:
     return Prior.merge(warm_start(db, task), bundled_prior(task) if which == "all" else None)
 
 
+def tune_all(exprs: Sequence[Any], db: Database, options: TuneOptions) -> list[dict]:
+    """Tune several workloads in turn on one GPU worker and compile pool; their summaries."""
+    with gpu_session(exprs[0], options) as gpu:
+        return [tune(expr, db, options, gpu) for expr in exprs]
+
+
 def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Builder] | None = None) -> dict:
     """Tune `expr`, print progress and the final table, and return the summary numbers; `gpu` is a
     started `gpu_session` to reuse (else one is started for this workload alone)."""
@@ -86,6 +92,10 @@ def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Build
     start = time.time()
     runner, builder = gpu
     task = device_task(expr, runner.device_info())
+    nothing = {"workload": expr.to_dict(), "trials": 0, "best_config": None, "space_valid": 0}
+    if not len(task.space.valid_indices):
+        display.console.print(f"[red]{expr.describe()}: no config of the space can run on this GPU[/red]")
+        return nothing
     strategy = make_strategy(options.strategy, task.space, seed=options.seed, features=task.featurize,
                              prior=prior_for(db, task, options.prior))
     history = _tune_loop(task, strategy, builder, runner, db, options)
@@ -93,7 +103,7 @@ def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Build
     display.console.print(display.status_line(history) + f"; worker restarts: {runner.restarts}")
     if best is None:
         display.console.print("[red]no candidate ran correctly[/red]")
-        return {"workload": expr.to_dict(), "trials": len(history), "best": None}
+        return {**nothing, "trials": len(history), "space_valid": len(task.space.valid_indices)}
     h2h = runner.head_to_head(expr, best.config)
     display.out.print(display.summary_table(expr, best, h2h, task.device.gpu))
     return _summary(expr, task, history, best, h2h, time.time() - start)
