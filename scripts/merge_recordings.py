@@ -8,21 +8,16 @@ Usage: python scripts/merge_recordings.py OUT.jsonl.gz PART.jsonl [PART.jsonl ..
 """
 from __future__ import annotations
 
-import gzip
 import json
 import sys
 
-
-def read(path: str) -> tuple[dict, list[dict]]:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as fp:
-        return json.loads(fp.readline())["meta"], [json.loads(line) for line in fp]
+from tritune.tuner.recorded import read_lines, write_lines
 
 
 def main() -> None:
     if len(sys.argv) < 3:
         raise SystemExit(__doc__)
-    out, parts = sys.argv[1], [read(p) for p in sys.argv[2:]]
+    out, parts = sys.argv[1], [read_lines(p) for p in sys.argv[2:]]
     meta = parts[0][0]
     for other, _ in parts[1:]:
         if (other["workload"], other["device"]["gpu"]) != (meta["workload"], meta["device"]["gpu"]):
@@ -33,9 +28,7 @@ def main() -> None:
         raise SystemExit("merge_recordings: a config is in more than one part")
     meta = {**meta, "space_valid": len(rows), "torch_ms_parts": [m["torch_ms"] for m, _ in parts],
             "parts": len(parts)}
-    with gzip.open(out, "wt") as fp:
-        fp.write(json.dumps({"meta": meta}) + "\n")
-        fp.writelines(json.dumps(r) + "\n" for r in rows)
+    write_lines(out, meta, rows)
     print(f"{len(rows)} configs from {len(parts)} parts -> {out}")
 
 

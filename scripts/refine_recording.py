@@ -9,7 +9,6 @@ Usage: python scripts/refine_recording.py IN.jsonl.gz OUT.jsonl.gz [--top 100] [
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 
 import numpy as np
@@ -17,6 +16,7 @@ import numpy as np
 from tritune.kernels.family import expr_from_dict, family
 from tritune.schedules.config import Config
 from tritune.tuner.measure import Timing
+from tritune.tuner.recorded import read_lines, write_lines
 from tritune.tuner.session import start_gpu
 
 
@@ -32,8 +32,7 @@ def main() -> None:
     p.add_argument("--warmup-ms", type=float, default=None, help="[default: the recording's]")
     p.add_argument("--rep-ms", type=float, default=None, help="[default: the recording's]")
     args = p.parse_args()
-    with gzip.open(args.src, "rt") as fp:
-        meta, rows = json.loads(fp.readline())["meta"], [json.loads(line) for line in fp]
+    meta, rows = read_lines(args.src)
     warmup, rep = meta.get("timing_ms", (25.0, 100.0))
     args.warmup_ms, args.rep_ms = args.warmup_ms or warmup, args.rep_ms or rep
     expr = expr_from_dict(meta["workload"])
@@ -51,10 +50,7 @@ def main() -> None:
             r["t_median"], r["message"] = float(np.median(earlier + runs)), json.dumps(earlier + runs)
         meta["torch_ms"] = float(np.median([runner.torch_time(expr)[2] for _ in range(3)]))
     meta["refined"] = {"top": args.top, "repeats": args.repeats, "timing_ms": [args.warmup_ms, args.rep_ms]}
-    with gzip.open(args.dst, "wt") as fp:
-        fp.write(json.dumps({"meta": meta}) + "\n")
-        for r in rows:
-            fp.write(json.dumps(r) + "\n")
+    write_lines(args.dst, meta, rows)
     best = sorted(ok, key=lambda r: r["t_median"])
     spread = [np.ptp(json.loads(r["message"])) / r["t_median"] for r in best[:20]]
     print(f"{expr.describe()}: torch {meta['torch_ms']:.4f} ms; best {best[0]['t_median']:.4f} ms "

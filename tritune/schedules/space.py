@@ -183,14 +183,9 @@ class Space:
         the config with just that knob changed where valid, else the fewest further knobs
         adjusted to make it valid (a 128x128 tile on 4 warps and 6 stages reaches 128x256 by
         taking 8 warps and 3 stages along, where no single-knob move is valid)."""
-        out = []
-        for k, knob in enumerate(self.knobs):
-            for pos, value in enumerate(knob.values):
-                if value != config[knob.name]:
-                    moved = self._nearest(config, k, pos, None)
-                    if moved is not None and moved not in out:
-                        out.append(moved)
-        return out
+        moves = (self._nearest(config, k, pos, None) for k, knob in enumerate(self.knobs)
+                 for pos, value in enumerate(knob.values) if value != config[knob.name])
+        return list(dict.fromkeys(m for m in moves if m is not None))
 
     def _in_product(self, config: Config) -> bool:
         return all(k.name in config and config[k.name] in k.values for k in self.knobs)
