@@ -35,8 +35,7 @@ def recording(request):
     # search replays the recorded configs that today's space still holds: at least 2000 of them,
     # the recorded best among them (if the space moves further from its recordings, record again)
     assert len(task.space.valid_indices) >= 2000
-    best = min((c for c, r in rec.rows.items() if r["status"] == "OK"), key=lambda c: rec.rows[c]["t_median"])
-    assert task.space.valid(best)
+    assert task.space.valid(rec.best_config)
     return request.param, rec
 
 

@@ -91,13 +91,14 @@ def shared_estimate(config: Config, element_bytes: int) -> int:
     """
     bm, bn, warps = config["BLOCK_M"], config["BLOCK_N"], config["num_warps"]
     tma, persistent, unroll = config.get("TMA", 0), config.get("PERSISTENT", 0), config["UNROLL"]
-    steps = (config["num_stages"] - (not wgmma(config))) * unroll
+    warp_group_mma = wgmma(config)
+    steps = (config["num_stages"] - (not warp_group_mma)) * unroll
     pipeline = steps * ((bm + bn) * config["BLOCK_K"] * element_bytes + 8 * bool(tma))
     out = bm * bn * element_bytes
     if config.get("WARP_SPEC", 0):
         return pipeline + (out if tma == 2 else max(16384, 64 * bn * element_bytes) + 512)
     if unroll > 1:
-        scratch = 512 * warps if wgmma(config) else 0
+        scratch = 512 * warps if warp_group_mma else 0
     else:
         scratch = min(out, 4096 * warps) if persistent == 2 and tma != 2 else 0
     if tma == 2:

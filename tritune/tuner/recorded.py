@@ -8,7 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -65,10 +65,15 @@ class Recording:
         absent = tuple(k.name for k in space.knobs if k.name not in recorded)
         return Task(self.expr, device, self.limits, absent, frozenset(self.rows))
 
+    @cached_property
+    def best_config(self) -> Config:
+        """The config with the fastest recorded median."""
+        return min((c for c, r in self.rows.items() if r["status"] == "OK"), key=lambda c: self.rows[c]["t_median"])
+
     @property
     def best_ms(self) -> float:
         """The fastest recorded median."""
-        return min(r["t_median"] for r in self.rows.values() if r["status"] == "OK")
+        return self.rows[self.best_config]["t_median"]
 
     def result(self, config: Config) -> MeasureResult:
         """The recorded outcome of a config (RUNTIME_ERROR if it was never recorded)."""
