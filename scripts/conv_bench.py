@@ -7,7 +7,7 @@ Tuning is `tune-cli run`'s, one layer after the other on one GPU worker and comp
 (`tritune.tuner.session.tune_all`; fresh database in --out, `sa` warm-started from the layers
 tuned before). The final comparison runs in this process: each round
 times ours, cuDNN with its default heuristics and cuDNN with `cudnn.benchmark=True` (its own
-autotuning) alternately on the same tensors with triton.testing.do_bench; medians of the rounds.
+autotuning) in turns on the same tensors (`tritune.tuner.measure.in_turns`); medians of the rounds.
 """
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 
-from tritune.kernels.conv import Conv2d
+from tritune.kernels.conv.expr import Conv2d
 from tritune.kernels.family import family
 from tritune.records.database import Database
 from tritune.schedules.config import Config
-from tritune.tuner.measure import rel_error
+from tritune.tuner.measure import Timing, in_turns, rel_error
 from tritune.tuner.session import TuneOptions, tune_all
 
 # (name, N, H, W, C, K, R, S, stride, padding): ResNet-50-like layers at batch 32
@@ -38,8 +38,6 @@ LAYERS = (
 
 def compare(expr: Conv2d, config: dict, rounds: int = 5) -> dict:
     """Check the tuned kernel, then median times of it and of cuDNN (default, benchmark) alternated."""
-    from triton.testing import do_bench
-
     fam = family(expr.op)
     x = fam.inputs(expr, seed=1234, device="cuda")
     kernel = fam.kernel(expr, Config.of(config), fam.problem_of(expr, x.args))
@@ -49,16 +47,20 @@ def compare(expr: Conv2d, config: dict, rounds: int = 5) -> dict:
     eager = fam.eager(expr, x)
     torch.backends.cudnn.benchmark = True
     eager()  # cuDNN's own search runs on the first call: keep it out of the timings
-    times: dict[str, list[float]] = {"ours": [], "cudnn": [], "cudnn_bench": []}
-    for _ in range(rounds):
-        for name, fn in (("ours", lambda: kernel(*x.args)), ("cudnn", eager), ("cudnn_bench", eager)):
-            torch.backends.cudnn.benchmark = name == "cudnn_bench"
-            times[name].append(do_bench(fn, warmup=25, rep=100))
+    runs = {"ours": lambda: kernel(*x.args), "cudnn": cudnn(eager, False), "cudnn_bench": cudnn(eager, True)}
+    ms = {k: statistics.median(v) for k, v in in_turns(runs, Timing(), rounds).items()}
     torch.backends.cudnn.benchmark = False
-    ms = {k: statistics.median(v) for k, v in times.items()}
     return {"rel_error": err, "tolerance": fam.tolerance(expr), **{f"{k}_ms": v for k, v in ms.items()},
             "ratio_vs_cudnn": ms["cudnn"] / ms["ours"], "ratio_vs_cudnn_bench": ms["cudnn_bench"] / ms["ours"],
             "ours_tflops": expr.flops / ms["ours"] / 1e9, "cudnn_tflops": expr.flops / ms["cudnn"] / 1e9}
+
+
+def cudnn(eager, benchmark: bool):
+    """The eager conv with cuDNN's own autotuning on or off (a flag it reads at each call)."""
+    def run():
+        torch.backends.cudnn.benchmark = benchmark
+        return eager()
+    return run
 
 
 def table(rows: list[dict]) -> str:

@@ -15,8 +15,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from tritune.kernels.family import family
-from tritune.tuner.cli import make_expr
+from tritune.kernels.family import family, parse_expr
 
 FIELDS = ("grid", "block", "registers per thread", "shared memory", "blocks per SM", "warps per SM")
 
@@ -43,7 +42,7 @@ def main() -> None:
     p.add_argument("--dtype", default="fp16")
     p.add_argument("--calls", type=int, default=5)
     args = p.parse_args()
-    expr = make_expr("matmul", args.shape, args.dtype)
+    expr = parse_expr("matmul", args.shape, args.dtype)
     fam = family(expr.op)
     events = kernels(fam.eager(expr, fam.inputs(expr, 0, "cuda")), args.calls)
     print(f"{expr.describe()} on {torch.cuda.get_device_name()}, torch {torch.__version__}: "

@@ -18,9 +18,8 @@ import numpy as np
 import torch
 
 import tritune
-from tritune.kernels.family import family
-from tritune.tuner.cli import make_expr
-from tritune.tuner.measure import Timing, rel_error, time_fn
+from tritune.kernels.family import family, parse_expr
+from tritune.tuner.measure import Timing, in_turns, rel_error
 
 
 def mm_every_backend(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -53,7 +52,7 @@ def main() -> None:
     p.add_argument("--rep-ms", type=float, default=25.0)
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    expr = make_expr("matmul", args.shape, args.dtype)
+    expr = parse_expr("matmul", args.shape, args.dtype)
     fam = family(expr.op)
     x = fam.inputs(expr, 123, "cuda")
     a, b = x.args[0][0], x.args[1][0]
@@ -67,11 +66,7 @@ def main() -> None:
             compiled, compile_s[name] = inductor(fn, a, b, backends)
             fns[name] = lambda compiled=compiled: compiled(a, b)
         errors = {name: rel_error(fn(), ref) for name, fn in fns.items()}
-        timing = Timing(args.warmup_ms, args.rep_ms)
-        rounds = {name: [] for name in fns}
-        for _ in range(args.rounds):
-            for name, fn in fns.items():
-                rounds[name].append(time_fn(fn, timing)[2])
+        rounds = in_turns(fns, Timing(args.warmup_ms, args.rep_ms), args.rounds)
     report(expr, fns, rounds, errors, compile_s, args)
 
 

@@ -3,15 +3,16 @@ included, which the interpreter computes wrongly), awkward shapes, layouts, batc
 and every knob of the contraction template (split-K, TMA loads, persistent loop, warp
 specialisation).
 
-Families other than matmul contribute their module's AWKWARD expressions, each run with a few
-seeded random configs of its space.
+Families other than matmul contribute their examples (`Family.examples()`), each run with a few
+seeded random configs of its space. `--faults` then checks the fault hook of every family through
+the crash-isolated runner: "oob" must come back CRASH, "hang" TIMEOUT, "wrong" WRONG_ANSWER, and
+a plain run after each OK.
 
-Usage: python scripts/gpu_correctness.py [--out results.json] [--per-expr 3]
+Usage: python scripts/gpu_correctness.py [--out results.json] [--per-expr 3] [--faults]
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import itertools
 import json
 import sys
@@ -21,12 +22,15 @@ import torch
 
 from triton.backends.compiler import GPUTarget
 
-from tritune.kernels.expr import BiasAdd, Gelu, Matmul, Relu, Scale
+from tritune.kernels.contraction.expr import Matmul
+from tritune.kernels.epilogue import BiasAdd, Gelu, Relu, Scale
 from tritune.kernels.family import REGISTRY, family
+from tritune.records.result import Status
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits
 from tritune.tuner.builder import Builder
-from tritune.tuner.measure import rel_error
+from tritune.tuner.measure import Timing, rel_error
+from tritune.tuner.runner import Runner
 
 SHAPES = [(1, 1, 4096, 4096), (1, 37, 29, 53), (3, 129, 257, 67), (2, 1000, 1, 300), (1, 3000, 5000, 1000)]
 EPILOGUES = [(), (BiasAdd(),), (Scale(0.125),), (Relu(),), (Gelu(),), (Gelu("tanh"),),
@@ -63,18 +67,37 @@ def matmul_cases() -> list:
 
 
 def family_cases(limits: Limits, per_expr: int) -> list:
-    """AWKWARD expressions of every other family, each with seeded random configs of its space."""
+    """The examples of every other family, each with seeded random configs of its space."""
     out = []
-    for op, where in REGISTRY.items():
+    for op in REGISTRY:
         if op in ("matmul", "bmm"):
             continue
         fam = family(op)
-        awkward = getattr(importlib.import_module(where.split(":")[0]), "AWKWARD", ())
-        if not awkward:
-            print(f"FAIL {op}: its module has no AWKWARD expressions to check")
-        for i, expr in enumerate(e for e in awkward if e.op == op):  # a module may serve several ops
+        for i, expr in enumerate(fam.examples()):
             out += [(expr, c) for c in fam.space(expr, limits).sample(np.random.default_rng(i), per_expr)]
     return out
+
+
+FAULT_STATUS = {"oob": Status.CRASH, "hang": Status.TIMEOUT, "wrong": Status.WRONG_ANSWER}
+
+
+def fault_rows() -> list[dict]:
+    """The first example of each kind of family with each fault, then without, through the
+    crash-isolated runner (bmm and layernorm share matmul's and softmax's family code)."""
+    rows = []
+    kinds = {type(family(op)): op for op in reversed(REGISTRY)}  # the first op of each family class
+    with Runner(Timing(5.0, 20.0), timeout_s=10.0) as runner:
+        for op in kinds.values():
+            fam = family(op)
+            expr = fam.examples()[0]
+            config = fam.default_config(expr)
+            for fault, want in (*FAULT_STATUS.items(), (None, Status.OK)):
+                got = runner.measure(expr, config if fault is None else config.replace(fault=fault))
+                rows.append({"case": f"{op} fault={fault}", "dtype": expr.dtype, "config": got.status.value,
+                             "rel_error": 0.0 if got.status is want else float("inf"), "tolerance": 0.0,
+                             "ok": got.status is want})
+        print(f"fault hook: worker restarts {runner.restarts}")
+    return rows
 
 
 def precompile(pairs: list) -> None:
@@ -108,6 +131,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=None)
     parser.add_argument("--per-expr", type=int, default=3)
+    parser.add_argument("--faults", action="store_true", help="also check every family's fault hook")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     props = torch.cuda.get_device_properties(0)
@@ -119,6 +143,10 @@ def main() -> int:
         rows.append(check(expr, config, i))
         r = rows[-1]
         print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['case']:44s} err {r['rel_error']:.2e}  {r['config']}", flush=True)
+    if args.faults:
+        rows += fault_rows()
+        for r in rows[-4 * len({type(family(op)) for op in REGISTRY}):]:
+            print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['case']:44s} -> {r['config']}")
     for op in sorted({r["case"].split()[0] for r in rows}):
         for d in ("fp16", "bf16", "fp32"):
             rs = [r for r in rows if r["case"].split()[0] == op and r["dtype"] == d]

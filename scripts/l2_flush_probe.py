@@ -12,9 +12,8 @@ import statistics
 
 import torch
 
-from tritune.kernels.family import family
+from tritune.kernels.family import family, parse_expr
 from tritune.schedules.config import Config
-from tritune.tuner.cli import make_expr
 from tritune.tuner.measure import Timing, time_fn
 
 
@@ -40,7 +39,7 @@ def main() -> None:
     p.add_argument("--shape", default="16,4096,4096")
     p.add_argument("--config", required=True, help="JSON of the config to time")
     args = p.parse_args()
-    expr = make_expr("matmul", args.shape, "fp16")
+    expr = parse_expr("matmul", args.shape, "fp16")
     fam = family(expr.op)
     x = fam.inputs(expr, 0, "cuda")
     kernel = fam.kernel(expr, Config.of(json.loads(args.config)), fam.problem_of(expr, x.args))

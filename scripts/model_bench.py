@@ -59,7 +59,7 @@ def make_model(args: argparse.Namespace) -> tuple:
     sys.path.insert(0, str(HERE))
     from example_model import Block
 
-    from tritune.kernels.contraction import torch_dtype
+    from tritune.kernels.expr import torch_dtype
 
     torch.manual_seed(0)
     with torch.device(DEVICE):
@@ -74,7 +74,7 @@ def tune(args: argparse.Namespace, db_path: Path) -> list[dict]:
     """Extract the block's workloads and tune each with --trials (resuming what is stored)."""
     import torch
 
-    from tritune.kernels.extract import extract_tasks
+    from tritune.kernels.frontend.extract import extract_tasks
     from tritune.records.database import Database
     from tritune.tuner import tune_model
     from tritune.tuner.session import TuneOptions
@@ -171,8 +171,9 @@ def dispatch_overhead(db_path: Path, stub: bool, calls: int = 2000, repeats: int
     import torch
 
     from tritune.kernels import codegen, ops
-    from tritune.kernels.build import DEFAULT, Kernel, problem_of
-    from tritune.kernels.device import device_info, device_key
+    from tritune.kernels.contraction.launch import DEFAULT, Kernel, problem_of
+    from tritune.kernels.device import device_info
+    from tritune.kernels.family import device_key
     from tritune.records.database import Database
     from tritune.records.dispatch import apply_history_best
     from tritune.records.result import MeasureResult, Status
@@ -183,7 +184,7 @@ def dispatch_overhead(db_path: Path, stub: bool, calls: int = 2000, repeats: int
     expr = ops.contraction_expr(a, b, ())
     with Database(db_path) as db:  # the op's exact workload, "tuned": the path a tuned model takes
         db.add_workload(expr.key, expr.op, expr.dtype, expr.to_json())
-        db.save(expr.key, device_key(device_info()), [MeasureResult(DEFAULT, Status.OK, 1.0, 1.0, 1.0, 1.0)])
+        db.save(expr.key, device_key(device_info(), "matmul"), [MeasureResult(DEFAULT, Status.OK, 1.0, 1.0, 1.0, 1.0)])
     launch = codegen.Launcher.__call__
     with apply_history_best(db_path):
         ops.matmul(a, b)
@@ -222,7 +223,7 @@ def _alternate(fns: dict, calls: int, repeats: int) -> dict[str, list[float]]:
 def table(results: dict) -> str:
     """The compact final table: tuned workloads, then per variant compile time, latency, ratios,
     correctness and tuned call sites, then the dispatch overhead."""
-    from tritune.kernels.expr import Matmul
+    from tritune.kernels.contraction.expr import Matmul
 
     lines = [f"tuned {Matmul.from_dict(t['workload']).describe()} x{t['count']}: {t['trials']} trials, "
              f"{t['final_ours_ms']:.4f} ms vs torch {t['final_torch_ms']:.4f} ms ({t['ratio_vs_torch']:.3f}x)"

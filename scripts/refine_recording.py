@@ -37,7 +37,7 @@ def main() -> None:
     args.warmup_ms, args.rep_ms = args.warmup_ms or warmup, args.rep_ms or rep
     expr = expr_from_dict(meta["workload"])
     ok = sorted((r for r in rows if r["status"] == "OK"), key=lambda r: r["t_median"])[: args.top]
-    runner, _, builder = start_gpu(expr, Timing(args.warmup_ms, args.rep_ms))
+    runner, builder = start_gpu(Timing(args.warmup_ms, args.rep_ms))
     with runner:
         configs = [Config.of(r["config"]) for r in ok]
         problem = family(expr.op).canonical_problem(expr)

@@ -12,10 +12,9 @@ import warnings
 import torch
 
 import tritune
-from tritune.kernels.build import Kernel, problem_of
-from tritune.kernels.contraction import torch_dtype
-from tritune.kernels.family import family
-from tritune.tuner.cli import make_expr
+from tritune.kernels.contraction.launch import Kernel, problem_of
+from tritune.kernels.expr import torch_dtype
+from tritune.kernels.family import family, parse_expr
 from tritune.tuner.measure import Timing, rel_error, time_fn
 
 
@@ -38,7 +37,7 @@ def main() -> None:
     p.add_argument("--shape", default="4096")
     p.add_argument("--dtype", default="fp16")
     args = p.parse_args()
-    expr = make_expr("matmul", args.shape, args.dtype)
+    expr = parse_expr("matmul", args.shape, args.dtype)
     fam = family(expr.op)
     x = fam.inputs(expr, 123, "cuda")
     a, b = x.args[0][0], x.args[1][0]
@@ -58,7 +57,7 @@ def main() -> None:
 
 def overhead(db: str, config, dtype: str) -> None:
     """Per-call host cost of ops.matmul against a direct launch of the same compiled kernel."""
-    small = make_expr("matmul", "64", dtype)
+    small = parse_expr("matmul", "64", dtype)
     a = torch.randn(64, 64, device="cuda", dtype=torch_dtype(dtype))
     out = torch.empty_like(a)
     kernel = Kernel(small, config, problem_of(small, a, a, out))

@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 
 from tritune.kernels.family import Operands, family
-from tritune.kernels.rows import LayerNorm, RowOp, Softmax
+from tritune.kernels.rows.expr import LayerNorm, RowOp, Softmax
 from tritune.records.database import Database
 from tritune.schedules.config import Config
-from tritune.tuner.measure import Timing, rel_error, time_fn
+from tritune.tuner.measure import Timing, in_turns, rel_error
 from tritune.tuner.session import TuneOptions, tune_all
 
 # (op, M, N): a 4k-vocabulary/attention-like softmax, many short rows, a GPT-2 vocabulary (odd N),
@@ -60,11 +60,7 @@ def compare(expr: RowOp, config: dict, rounds: int) -> dict:
     errors = {"ours": rel_error(x.out, ref), "eager": rel_error(runs["eager"](), ref),
               "compiled": rel_error(runs["compiled"](), ref)}  # the first compiled call compiles
     compile_s = time.time() - start
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name, fn in runs.items():
-            times[name].append(time_fn(fn, Timing())[2])
-    ms = {name: statistics.median(t) for name, t in times.items()}
+    ms = {name: statistics.median(t) for name, t in in_turns(runs, Timing(), rounds).items()}
     return {"tolerance": fam.tolerance(expr), "torch_compile_s": compile_s,
             **{f"{k}_rel_error": v for k, v in errors.items()}, **{f"{k}_ms": v for k, v in ms.items()},
             **{f"{k}_tbps": fam.rate(expr, v)[0] for k, v in ms.items()},

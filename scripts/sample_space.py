@@ -13,10 +13,10 @@ import time
 
 import numpy as np
 
-from tritune.kernels.build import canonical_problem
-from tritune.tuner.cli import make_expr
+from tritune.kernels.contraction.launch import canonical_problem
+from tritune.kernels.family import parse_expr
 from tritune.tuner.measure import Timing
-from tritune.tuner.session import start_gpu
+from tritune.tuner.session import device_task, start_gpu
 
 
 def main() -> None:
@@ -34,11 +34,12 @@ def main() -> None:
     p.add_argument("--where", default="", help="sample only configs with these knob values: K=V,K=V")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    expr = make_expr("matmul", args.shape, args.dtype)
+    expr = parse_expr("matmul", args.shape, args.dtype)
     t0 = time.time()
-    runner, task, builder = start_gpu(expr, Timing(args.warmup_ms, args.rep_ms), args.timeout, args.seed)
+    runner, builder = start_gpu(Timing(args.warmup_ms, args.rep_ms), args.timeout, args.seed)
     with runner:
         info = runner.device_info()
+        task = device_task(expr, info)
         configs = sample(task.space, args.where, np.random.default_rng(args.seed), args.n)
         faults = [f for f in args.faults.split(",") if f]
         configs = [c.replace(fault=f) for c, f in zip(configs, faults)] + configs[len(faults):]

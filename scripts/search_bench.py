@@ -22,7 +22,7 @@ import numpy as np
 from tritune.records.database import Database
 from tritune.records.result import DeviceKey
 from tritune.search import make_strategy, strategy_class
-from tritune.tuner.recorded import bundled_prior
+from tritune.tuner.prior import bundled_prior
 from tritune.tuner.tuner import Tuner
 
 
@@ -35,12 +35,12 @@ def environment(args):
         task = rec.task(DeviceKey(rec.device["gpu"], rec.device["capability"], rec.device["triton"],
                                   rec.device["torch"], "recorded"))
         return task, RecordedBuilder(), RecordedRunner(rec), rec.torch_ms, lambda: None
-    from tritune.tuner.cli import make_expr
-    from tritune.tuner.session import start_gpu
-
+    from tritune.kernels.family import parse_expr
     from tritune.tuner.measure import Timing
+    from tritune.tuner.session import device_task, start_gpu
 
-    runner, task, builder = start_gpu(make_expr("matmul", args.shape, args.dtype), Timing(args.warmup_ms, args.rep_ms))
+    runner, builder = start_gpu(Timing(args.warmup_ms, args.rep_ms))
+    task = device_task(parse_expr("matmul", args.shape, args.dtype), runner.device_info())
     torch_ms = runner.torch_time(task.expr)[2]
     return task, builder, runner, torch_ms, lambda: (builder.close(), runner.close())
 

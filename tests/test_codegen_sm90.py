@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from tritune.kernels import template
-from tritune.kernels.expr import BiasAdd, Gelu, Matmul, Relu, Scale
+from tritune.kernels.contraction.family import MATMUL
+from tritune.kernels.faults import FAULTS
+from tritune.kernels.contraction.expr import Matmul
+from tritune.kernels.epilogue import BiasAdd, Gelu, Relu, Scale
 from tritune.schedules.config import Config
-from tritune.schedules.matmul import shared_estimate
+from tritune.schedules.contraction import shared_estimate
 
 EPILOGUE = (Scale(0.5), BiasAdd(), Gelu("tanh"), Relu())
 CASES = [
@@ -34,7 +36,7 @@ def build_sm90(cases, ptx=False):
 
 def test_sm90_builds_use_wgmma_and_the_shared_estimate_is_exact():
     cases = [(Matmul(4096, 4096, 4096, dtype=d, epilogue=EPILOGUE), Config.of(k)) for d, k in CASES]
-    cases += [(Matmul(256, 256, 256), Config.of(FAULTY, fault=f)) for f in template.FAULTS]
+    cases += [(Matmul(256, 256, 256), Config.of(FAULTY, fault=f)) for f in FAULTS]  # built without the fault
     cases += [(Matmul(4096, 4096, 4096, epilogue=EPILOGUE), Config.of(CASES[0][1], **extra))
               for extra in (dict(TMA=1), dict(TMA=2, PERSISTENT=1), dict(PERSISTENT=1), dict(TMA=1, PERSISTENT=2))]
     cases += [(Matmul(64, 4096, 4096, epilogue=EPILOGUE), Config.of(CASES[1][1], SPLIT_K=4, UNROLL=1))]
@@ -70,8 +72,9 @@ def test_warp_specialised_builds_add_a_producer_group_and_fit_the_shared_estimat
 
 
 def test_unknown_fault_is_refused():
+    expr = Matmul(8, 8, 8)
     with pytest.raises(ValueError):
-        template.source(Matmul(8, 8, 8), fault="segfault-please")
+        MATMUL.kernel(expr, Config.of(FAULTY, fault="segfault-please"), MATMUL.canonical_problem(expr))
 
 
 def test_strides_divisible_by_8_elements_still_get_16_byte_loads():

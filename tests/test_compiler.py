@@ -8,9 +8,10 @@ from torch import nn
 
 import tritune
 from models import Awkward, awkward_inputs
-from tritune.kernels import ops, tuned_op
-from tritune.kernels.device import device_info, device_key
-from tritune.kernels.ops import contraction_expr
+from tritune.kernels.frontend import ops, tuned_op
+from tritune.kernels.device import device_info
+from tritune.kernels.family import device_key
+from tritune.kernels.frontend.ops import contraction_expr
 from tritune.records.database import Database
 from tritune.records.result import MeasureResult, Status
 from tritune.schedules.config import Config
@@ -30,7 +31,7 @@ def store(path, exprs):
     db = Database(path)
     for expr in exprs:
         db.add_workload(expr.key, expr.op, expr.dtype, expr.to_json())
-        db.save(expr.key, device_key(device_info()), [MeasureResult(FAST, Status.OK, 1.0, 1.0, 1.0, 1.0)])
+        db.save(expr.key, device_key(device_info(), "matmul"), [MeasureResult(FAST, Status.OK, 1.0, 1.0, 1.0, 1.0)])
     db.close()
     return path
 

@@ -8,12 +8,13 @@ import torch
 from cases import run_case
 from test_codegen_sm90 import build_sm90
 
-from tritune.kernels.conv import AWKWARD, Conv2d
-from tritune.kernels.conv_template import rs_outer
-from tritune.kernels.expr import BiasAdd, ExprError, Gelu, Relu, Scale
+from tritune.kernels.conv.expr import AWKWARD, Conv2d
+from tritune.kernels.conv.template import rs_outer
+from tritune.kernels.epilogue import BiasAdd, Gelu, Relu, Scale
+from tritune.kernels.expr import ExprError
 from tritune.kernels.family import family
 from tritune.schedules.config import Config
-from tritune.schedules.matmul import shared_estimate
+from tritune.schedules.contraction import shared_estimate
 from tritune.schedules.space import Limits
 
 CONV = family("conv2d")
@@ -118,7 +119,7 @@ def test_space_keeps_k_steps_that_divide_c_and_prunes_useless_stages():
 
 
 def test_features_extend_the_gemm_views():
-    from tritune.cost_model.features import FEATURE_NAMES
+    from tritune.kernels.contraction.features import FEATURE_NAMES
 
     expr = Conv2d(8, 28, 28, 48, 64, 3, 3, padding=1)
     x = CONV.features(expr, H100, [K16, K32])

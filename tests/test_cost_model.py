@@ -5,12 +5,13 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from tritune.cost_model.features import FEATURE_NAMES, features, labels
+from tritune.kernels.contraction.features import FEATURE_NAMES, features
+from tritune.cost_model.dataset import labels
 from tritune.cost_model.xgb import XGBCostModel
-from tritune.kernels.expr import Matmul
+from tritune.kernels.contraction.expr import Matmul
 from tritune.records.result import MeasureResult, Status
 from tritune.schedules.config import Config
-from tritune.schedules.matmul import matmul_space
+from tritune.schedules.contraction import contraction_space
 from tritune.schedules.space import Limits
 
 H100 = Limits.for_capability(9, 0)
@@ -40,7 +41,7 @@ def test_labels_are_relative_throughput_and_failures_are_worst():
 
 def synthetic(n, seed=0):
     """Configs of a real space scored by a known formula of their knobs."""
-    space = matmul_space(4096, 4096, 4096, 2, H100)
+    space = contraction_space(4096, 4096, 4096, 2, H100)
     configs = space.sample(np.random.default_rng(seed), n)
     truth = np.array([np.log2(c["BLOCK_M"] * c["BLOCK_N"]) - abs(c["num_stages"] - 4) - c["UNROLL"]
                       for c in configs])

@@ -9,8 +9,8 @@ from torch import nn
 
 import tritune
 from models import AWKWARD_TASKS, Awkward, awkward_inputs
-from tritune.kernels.expr import BiasAdd, Gelu, Scale
-from tritune.kernels.extract import ExtractError
+from tritune.kernels.epilogue import BiasAdd, Gelu, Scale
+from tritune.kernels.frontend.extract import ExtractError
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
 import example_model  # noqa: E402

@@ -3,8 +3,10 @@ import pytest
 
 from cases import run_case as run_family_case
 
-from tritune.kernels.contraction import MATMUL
-from tritune.kernels.expr import BiasAdd, ExprError, Gelu, Matmul, Relu, Scale
+from tritune.kernels.contraction.family import MATMUL
+from tritune.kernels.contraction.expr import Matmul
+from tritune.kernels.epilogue import BiasAdd, Gelu, Relu, Scale
+from tritune.kernels.expr import ExprError
 from tritune.schedules.config import Config
 from tritune.tuner.measure import rel_error
 

@@ -5,9 +5,11 @@ import pytest
 import torch
 
 import tritune
-from tritune.kernels import ops
-from tritune.kernels.device import device_info, device_key
-from tritune.kernels.expr import Gelu, Matmul
+from tritune.kernels.frontend import ops
+from tritune.kernels.device import device_info
+from tritune.kernels.family import device_key
+from tritune.kernels.contraction.expr import Matmul
+from tritune.kernels.epilogue import Gelu
 from tritune.records.database import Database
 from tritune.records.result import DeviceKey, MeasureResult, Status
 from tritune.schedules.config import Config
@@ -19,7 +21,7 @@ SLOW = FAST.replace(BLOCK_M=16)
 def store(path, expr, device=None):
     db = Database(path)
     db.add_workload(expr.key, expr.op, expr.dtype, expr.to_json())
-    db.save(expr.key, device or device_key(device_info()), [
+    db.save(expr.key, device or device_key(device_info(), "matmul"), [
         MeasureResult(SLOW, Status.OK, 2.0, 2.0, 2.0, 2.0), MeasureResult(FAST, Status.OK, 1.0, 1.0, 1.0, 1.0),
         MeasureResult(FAST.replace(BLOCK_M=64), Status.WRONG_ANSWER, message="wrong")])
     db.close()

@@ -6,11 +6,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tritune.kernels.expr import Matmul
+from tritune.kernels.contraction.expr import Matmul
 from tritune.records.database import Database
 from tritune.records.result import DeviceKey
 from tritune.search import make_strategy
-from tritune.tuner.recorded import BUNDLED, Recording, RecordedBuilder, RecordedRunner, bundled_prior
+from tritune.tuner.prior import bundled_prior
+from tritune.tuner.recorded import BUNDLED, Recording, RecordedBuilder, RecordedRunner
 from tritune.tuner.tuner import Task, Tuner, best_of
 
 LEGACY = Path(__file__).parent / "fixtures" / "spaces" / "legacy"

@@ -78,8 +78,8 @@ def test_transfer_never_mixes_ops_whose_features_differ():
 
     from tritune.cost_model.evaluate import Dataset, transfer
     from tritune.cost_model.xgb import XGBCostModel
-    from tritune.kernels.expr import Matmul
-    from tritune.kernels.rows import Softmax
+    from tritune.kernels.contraction.expr import Matmul
+    from tritune.kernels.rows.expr import Softmax
 
     rng = np.random.default_rng(0)
 

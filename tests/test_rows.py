@@ -13,11 +13,11 @@ from cases import run_case
 from fakes import FakeBuilder
 from test_codegen_sm90 import build_sm90
 
-from tritune.cost_model.rows import FEATURE_NAMES
+from tritune.kernels.rows.features import FEATURE_NAMES
 from tritune.kernels.expr import ExprError
 from tritune.kernels.family import family
-from tritune.kernels.rows import AWKWARD, LayerNorm, Softmax
-from tritune.kernels.rows_template import single_pass
+from tritune.kernels.rows.expr import AWKWARD, LayerNorm, Softmax
+from tritune.kernels.rows.template import single_pass
 from tritune.schedules.config import Config
 from tritune.schedules.rows import MAX_PER_THREAD, MIN_CHUNK_BYTES
 from tritune.schedules.space import Limits

@@ -2,7 +2,7 @@
 import pytest
 
 import fake_worker
-from tritune.kernels.expr import Matmul
+from tritune.kernels.contraction.expr import Matmul
 from tritune.records.result import Status
 from tritune.schedules.config import Config
 from tritune.tuner.failures import classify

@@ -2,13 +2,14 @@
 import numpy as np
 
 from tritune.records.result import MeasureResult, Status
-from tritune.schedules.matmul import matmul_space
+from tritune.schedules.contraction import contraction_space
 from tritune.schedules.space import Limits
-from tritune.search import Prior, make_strategy
+from tritune.cost_model.dataset import Prior
+from tritune.search import make_strategy
 from tritune.search.model_based import diverse_pick
-from tritune.search.sa import SimulatedAnnealing
+from tritune.search.annealing import SimulatedAnnealing
 
-SPACE = matmul_space(4096, 4096, 4096, 2, Limits.for_capability(9, 0))
+SPACE = contraction_space(4096, 4096, 4096, 2, Limits.for_capability(9, 0))
 TARGET = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "UNROLL": 1,
           "SPLIT_K": 1, "TMA": 0, "PERSISTENT": 1, "WARP_SPEC": 0}
 KNOBS = list(TARGET)
@@ -83,7 +84,7 @@ def test_warm_start_proposes_from_the_prior_then_corrects_it_with_own_trials():
 
 def test_the_prior_moves_the_first_round_of_the_real_model():
     """XGBoost with a base margin: a prior that rates one knob value best steers the first round to it."""
-    space = matmul_space(4096, 4096, 4096, 2, Limits.for_capability(9, 0))
+    space = contraction_space(4096, 4096, 4096, 2, Limits.for_capability(9, 0))
     configs = space.sample(np.random.default_rng(5), 300)
     X = knob_rows(configs)
     y = np.array([float(c["BLOCK_N"] == 256 and c["num_warps"] == 8) for c in configs], dtype=np.float32)

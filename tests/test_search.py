@@ -3,16 +3,16 @@ import pytest
 
 from functools import partial
 
-from tritune.cost_model.features import features
-from tritune.kernels.expr import Matmul
+from tritune.kernels.contraction.features import features
+from tritune.kernels.contraction.expr import Matmul
 from tritune.records.result import MeasureResult, Status
-from tritune.schedules.matmul import matmul_space
+from tritune.schedules.contraction import contraction_space
 from tritune.schedules.space import Limits
 from tritune.search import REGISTRY
 from tritune.search import make_strategy as _make
 
 H100 = Limits.for_capability(9, 0)
-SPACE = matmul_space(512, 384, 256, 2, H100)
+SPACE = contraction_space(512, 384, 256, 2, H100)
 
 
 def make_strategy(name, space, seed=0):
@@ -52,7 +52,7 @@ def test_same_seed_same_proposals(name):
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_exhausting_the_space_returns_fewer_then_none(name):
-    tiny = matmul_space(1, 1, 1, 2, H100)
+    tiny = contraction_space(1, 1, 1, 2, H100)
     s = make_strategy(name, tiny, seed=0)
     got = s.propose(1000)
     assert len(got) == len(tiny.valid_indices)

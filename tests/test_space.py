@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from tritune.schedules.config import Config
-from tritune.schedules.matmul import EXTENSIONS, KNOBS, MAX_ACC_REGS, matmul_space, shared_estimate
+from tritune.schedules.contraction import EXTENSIONS, KNOBS, MAX_ACC_REGS, contraction_space, shared_estimate
 from tritune.schedules.space import Limits
 from tritune.schedules.space import Knob, Space
 
@@ -12,13 +12,13 @@ H100 = Limits.for_capability(9, 0)
 
 @pytest.fixture(scope="module")
 def big():
-    return matmul_space(4096, 4096, 4096, 2, H100)
+    return contraction_space(4096, 4096, 4096, 2, H100)
 
 
 def test_space_is_larger_than_anyone_would_measure(big):
     assert big.size == np.prod([len(k.values) for k in KNOBS + EXTENSIONS]) >= 40000
     assert len(big.valid_indices) > 500
-    assert len(matmul_space(1024, 1024, 1024, 2, H100).valid_indices) > 5000
+    assert len(contraction_space(1024, 1024, 1024, 2, H100).valid_indices) > 5000
 
 
 def test_small_tiles_and_shallow_k_steps_are_pruned_only_where_a_larger_one_fits(big):
@@ -28,7 +28,7 @@ def test_small_tiles_and_shallow_k_steps_are_pruned_only_where_a_larger_one_fits
     assert "K step" in big.why_invalid(base.replace(BLOCK_K=64))  # 128 fits and keeps the pipeline full
     deep = Config.of(BLOCK_M=128, BLOCK_N=256, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=6, UNROLL=1)
     assert big.valid(deep)  # BLOCK_K=64 at 6 stages would not fit in shared memory
-    skinny = matmul_space(16, 4096, 4096, 2, H100)
+    skinny = contraction_space(16, 4096, 4096, 2, H100)
     assert skinny.valid(Config.of(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, GROUP_M=1, num_warps=4,
                                   num_stages=3, UNROLL=1))  # small tiles are how skinny shapes fill the GPU
 
@@ -54,7 +54,7 @@ def test_constraints_prune_with_a_reason(big):
     assert big.why_invalid(too_big)
     ptxas_failure = Config.of(BLOCK_M=256, BLOCK_N=256, BLOCK_K=64, GROUP_M=2, num_warps=16, num_stages=3, UNROLL=1)
     assert "registers" in big.why_invalid(ptxas_failure)  # seen failing in ptxas on an H100
-    skinny = matmul_space(16, 4096, 4096, 2, H100)
+    skinny = contraction_space(16, 4096, 4096, 2, H100)
     wide_tile = Config.of(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, GROUP_M=1, num_warps=4, num_stages=3, UNROLL=1)
     assert "far larger" in skinny.why_invalid(wide_tile)
     assert len(skinny.valid_indices) < len(big.valid_indices)
@@ -107,13 +107,13 @@ def test_a_move_that_breaks_a_constraint_adjusts_the_fewest_other_knobs():
 
 
 def test_warp_specialisation_only_where_triton_can_build_it():
-    fp16 = matmul_space(4096, 4096, 4096, 2, Limits.for_capability(9, 0), tma=2)
+    fp16 = contraction_space(4096, 4096, 4096, 2, Limits.for_capability(9, 0), tma=2)
     ws = [c for c in (fp16.config(int(i)) for i in fp16.valid_indices) if c["WARP_SPEC"]]
     assert len(ws) > 100
     assert all(c["num_warps"] == 4 and c["UNROLL"] == 1 and c["TMA"] and c["num_stages"] <= 4
                and c["PERSISTENT"] != 2 and c["SPLIT_K"] == 1 and c["BLOCK_M"] >= 64 for c in ws)
     assert any(c["BLOCK_M"] * c["BLOCK_N"] == 128 * 256 for c in ws)  # 8 compute warps hold the big tiles
-    fp32 = matmul_space(4096, 4096, 4096, 4, Limits.for_capability(9, 0), tma=2)
+    fp32 = contraction_space(4096, 4096, 4096, 4, Limits.for_capability(9, 0), tma=2)
     assert not any(fp32.config(int(i))["WARP_SPEC"] for i in fp32.valid_indices)
 
 
@@ -125,7 +125,7 @@ def test_config_is_a_canonical_value():
 
 
 def test_pruned_enumeration_equals_checking_every_config():
-    full = matmul_space(70, 48, 3000, 2, Limits(232448, 8), tma=2)
+    full = contraction_space(70, 48, 3000, 2, Limits(232448, 8), tma=2)
     # every other value of each knob: small enough to check one by one
     space = Space([Knob(k.name, k.values[::2]) for k in full.knobs], full.constraints)
     brute = [i for i in range(space.size) if space.valid(space.config(i))]
@@ -137,7 +137,7 @@ PLAIN = Config.of(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, n
 
 
 def test_split_k_only_where_the_grid_is_short_of_programs(big):
-    skinny = matmul_space(16, 4096, 4096, 2, H100, tma=2)
+    skinny = contraction_space(16, 4096, 4096, 2, H100, tma=2)
     assert skinny.valid(PLAIN.replace(SPLIT_K=4)) and skinny.valid(PLAIN.replace(SPLIT_K=4, TMA=1))
     assert "K step" in skinny.why_invalid(PLAIN)  # unsplit, a 256-deep step would do better
     wide = PLAIN.replace(BLOCK_N=256, BLOCK_K=256)
@@ -149,10 +149,10 @@ def test_split_k_only_where_the_grid_is_short_of_programs(big):
 def test_tma_only_where_rows_are_16_byte_aligned_and_persistent_only_past_one_wave(big):
     tile = PLAIN.replace(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8)
     assert "16-byte" in big.why_invalid(tile.replace(TMA=1))  # built without tma
-    assert matmul_space(4096, 4096, 4096, 2, H100, tma=2).valid(tile.replace(TMA=2, PERSISTENT=1))
-    assert "16-byte" in matmul_space(4096, 4096, 4096, 2, H100, tma=1).why_invalid(tile.replace(TMA=2))
-    assert "one wave" in matmul_space(512, 512, 4096, 2, H100).why_invalid(tile.replace(PERSISTENT=1))
-    assert "persistent" in matmul_space(4096, 4096, 128, 2, H100, batch=4).why_invalid(tile.replace(PERSISTENT=1))
+    assert contraction_space(4096, 4096, 4096, 2, H100, tma=2).valid(tile.replace(TMA=2, PERSISTENT=1))
+    assert "16-byte" in contraction_space(4096, 4096, 4096, 2, H100, tma=1).why_invalid(tile.replace(TMA=2))
+    assert "one wave" in contraction_space(512, 512, 4096, 2, H100).why_invalid(tile.replace(PERSISTENT=1))
+    assert "persistent" in contraction_space(4096, 4096, 128, 2, H100, batch=4).why_invalid(tile.replace(PERSISTENT=1))
 
 
 def test_without_extension_knobs_is_plain_tiling(big):
@@ -163,7 +163,7 @@ def test_without_extension_knobs_is_plain_tiling(big):
 
 
 def test_a_tile_is_never_pruned_for_a_larger_one_the_problem_forbids():
-    tall = matmul_space(401408, 64, 147, 2, H100)  # conv stem as GEMM: N=64 allows no wider tile
+    tall = contraction_space(401408, 64, 147, 2, H100)  # conv stem as GEMM: N=64 allows no wider tile
     assert len(tall.valid_indices) > 0
     assert tall.valid(Config.of(BLOCK_M=256, BLOCK_N=64, BLOCK_K=64, GROUP_M=1, num_warps=8, num_stages=3,
                                 UNROLL=1, SPLIT_K=1, TMA=0, PERSISTENT=0))

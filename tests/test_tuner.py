@@ -1,14 +1,15 @@
 """The tuning loop with fake builder/runner: statuses stored, resume, early stop, fault hook."""
 
 from fakes import FakeBuilder, FakeRunner, fake_time
-from tritune.kernels.device import device_key
-from tritune.kernels.expr import Matmul
+from tritune.kernels.family import device_key
+from tritune.kernels.contraction.expr import Matmul
 from tritune.records.database import Database
 from tritune.records.result import DeviceKey, Status
 from tritune.schedules.space import Limits
 from tritune.search import make_strategy
-from tritune.cost_model.features import FEATURE_NAMES
-from tritune.tuner.tuner import Task, Tuner, best_of, warm_start
+from tritune.kernels.contraction.features import FEATURE_NAMES
+from tritune.tuner.prior import database_prior as warm_start
+from tritune.tuner.tuner import Task, Tuner, best_of
 
 EXPR = Matmul(1024, 1024, 1024)
 DEVICE = DeviceKey("Fake GPU", "9.0", "3.x", "2.x", "t1")
@@ -73,8 +74,8 @@ def test_injected_faults_are_recorded_and_the_run_completes(tmp_path):
 
 def test_device_key_changes_with_the_template():
     info = {"gpu": "G", "capability": "9.0", "triton": "3.6.0", "torch": "2.11.0"}
-    assert device_key(info).template and device_key(info) == device_key(dict(info))
-    assert device_key(info) != device_key(dict(info, triton="3.9.0"))
+    assert device_key(info, "matmul").template and device_key(info, "matmul") == device_key(dict(info), "matmul")
+    assert device_key(info, "matmul") != device_key(dict(info, triton="3.9.0"), "matmul")
 
 
 def test_warm_start_collects_other_shapes_of_the_op_on_this_device(tmp_path):

@@ -13,10 +13,10 @@ __version__ = "0.1.0"
 
 # name -> (module, attribute; None for the module itself)
 _LAZY = {
-    "ops": ("tritune.kernels.ops", None),
+    "ops": ("tritune.kernels.frontend.ops", None),
     "apply_history_best": ("tritune.records.dispatch", "apply_history_best"),
-    "extract_tasks": ("tritune.kernels.extract", "extract_tasks"),
-    "compiler": ("tritune.kernels.compiler", "compiler"),
+    "extract_tasks": ("tritune.kernels.frontend.extract", "extract_tasks"),
+    "compiler": ("tritune.kernels.frontend.compiler", "compiler"),
 }
 
 

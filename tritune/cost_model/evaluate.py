@@ -10,7 +10,8 @@ from sklearn.model_selection import KFold
 
 from tritune.cost_model.metrics import all_metrics, spearman
 from tritune.cost_model.xgb import XGBCostModel
-from tritune.kernels.family import expr_from_dict, training_set
+from tritune.cost_model.dataset import training_set
+from tritune.kernels.family import expr_from_dict
 from tritune.records.database import Database
 from tritune.records.result import DeviceKey
 from tritune.schedules.space import Limits

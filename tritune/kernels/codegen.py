@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from tritune.kernels.device import interpreted
 from tritune.kernels.expr import INT32_MAX
 from tritune.settings import SETTINGS
 
@@ -23,10 +24,9 @@ _LOADED: dict[str, Any] = {}
 
 
 def load_source(text: str, name: str) -> Any:
-    """Write generated source to the kernel cache (Triton reads source files), import it, return `name`."""
+    """Write generated source to the kernel cache (Triton reads source files), import it once, return `name`."""
     digest = hashlib.sha256(text.encode()).hexdigest()[:20]
-    key = f"{digest}-{int(SETTINGS.interpret)}"
-    if key not in _LOADED:
+    if digest not in _LOADED:
         path = SETTINGS.kernel_dir / f"tritune_{digest}.py"
         if not path.exists() or path.read_text() != text:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -38,8 +38,8 @@ def load_source(text: str, name: str) -> Any:
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
         spec.loader.exec_module(module)
-        _LOADED[key] = getattr(module, name)
-    return _LOADED[key]
+        _LOADED[digest] = module
+    return getattr(_LOADED[digest], name)
 
 
 def files_hash(*paths: Path) -> str:
@@ -120,7 +120,7 @@ class Launcher:
         self._ints = tuple(value for _, value, _ in binary.ints)
         self._consts = dict(binary.consts)
         self._tail = self._ints + tuple(self._consts.values())  # the launch's non-pointer args
-        self.compiled = None if SETTINGS.interpret else binary.compile(target or current_target())
+        self.compiled = None if interpreted() else binary.compile(target or current_target())
         self._launch = None
 
     def __call__(self, *pointers: Any) -> None:
@@ -137,3 +137,11 @@ class Launcher:
     def shared_bytes(self) -> int | None:
         """Shared memory the compiled binary needs (None under the interpreter)."""
         return None if self.compiled is None else self.compiled.metadata.shared
+
+
+def use_torch_scratch() -> None:
+    """Let kernels that build tensor descriptors on the device take their scratch from torch."""
+    import torch
+    import triton
+
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))

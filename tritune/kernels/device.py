@@ -1,13 +1,18 @@
-"""Facts about the device kernels run on, and the key that tells measurements apart."""
+"""Facts about the device kernels run on: the one place that asks the GPU, or knows that Triton's
+interpreter stands in for one (as in the CPU tests)."""
 from __future__ import annotations
 
 from functools import lru_cache
 
-from tritune.kernels.family import family
-from tritune.records.result import DeviceKey
 from tritune.settings import SETTINGS
 
 INTERPRETER = "triton-interpreter"
+INTERPRETER_SMS = 4  # persistent kernels still split their tiles over several programs
+
+
+def interpreted() -> bool:
+    """Whether kernels run under Triton's interpreter (TRITON_INTERPRET=1) instead of on a GPU."""
+    return SETTINGS.interpret
 
 
 @lru_cache(maxsize=None)
@@ -16,8 +21,8 @@ def device_info(index: int = 0) -> dict:
     import torch
     import triton
 
-    if SETTINGS.interpret:
-        return {"gpu": INTERPRETER, "capability": "0.0", "sms": 1, "shared_bytes": 0,
+    if interpreted():
+        return {"gpu": INTERPRETER, "capability": "0.0", "sms": INTERPRETER_SMS, "shared_bytes": 0,
                 "triton": triton.__version__, "torch": torch.__version__}
     props = torch.cuda.get_device_properties(index)
     return {
@@ -28,6 +33,10 @@ def device_info(index: int = 0) -> dict:
     }
 
 
-def device_key(info: dict, op: str = "matmul") -> DeviceKey:
-    """The key under which measurements of an op on this device, compiler and template are stored."""
-    return DeviceKey(info["gpu"], info["capability"], info["triton"], info["torch"], family(op).template_hash())
+def current_sms() -> int:
+    """SM count of the current GPU (what persistent kernels size their grid by)."""
+    if interpreted():
+        return INTERPRETER_SMS
+    import torch
+
+    return device_info(torch.cuda.current_device())["sms"]

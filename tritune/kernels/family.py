@@ -2,8 +2,9 @@
 
 A family ties an expression type to its schedule space, cost-model features, codegen and launch,
 and its semantics (random operands, float64 reference, the eager PyTorch version, tolerance).
-A new op is one module defining a `Family` subclass plus one line in `REGISTRY`; families are
-imported lazily so that `import tritune` stays light.
+A new op is one folder under `tritune/kernels/` (expression, family, template, features), one
+schedule module, and one line in `REGISTRY`; tests/test_family_contract.py holds every registered
+family to the same rules. Families are imported lazily so that `import tritune` stays light.
 """
 from __future__ import annotations
 
@@ -15,19 +16,23 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
-from tritune.kernels.codegen import files_hash
+from tritune.kernels import faults
+from tritune.kernels.codegen import Binary, files_hash
 from tritune.kernels.expr import ExprError
+from tritune.records.result import DeviceKey
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits, Space
 
 # op name -> "module:attribute" of its Family instance
 REGISTRY = {
-    "matmul": "tritune.kernels.contraction:MATMUL",
-    "bmm": "tritune.kernels.contraction:BMM",
-    "conv2d": "tritune.kernels.conv_family:CONV2D",
-    "softmax": "tritune.kernels.rows_family:SOFTMAX",
-    "layernorm": "tritune.kernels.rows_family:LAYERNORM",
+    "matmul": "tritune.kernels.contraction.family:MATMUL",
+    "bmm": "tritune.kernels.contraction.family:BMM",
+    "conv2d": "tritune.kernels.conv.family:CONV2D",
+    "softmax": "tritune.kernels.rows.family:SOFTMAX",
+    "layernorm": "tritune.kernels.rows.family:LAYERNORM",
 }
+# files of tritune/kernels that shape every family's binaries
+SHARED_SOURCES = ("codegen.py", "expr.py", "epilogue.py")
 
 
 @dataclass
@@ -41,16 +46,16 @@ class Operands:
 class Family(ABC):
     """One op: expression type, space, features, build, launch, and semantics."""
 
-    op: ClassVar[str]
+    op: str
     baseline: ClassVar[str] = "torch"  # how the eager comparison is labelled in tables
-    # files of tritune/kernels that shape this family's binaries: their hash is part of the device
-    # key, so editing any of them retires stored records (conservative by design)
+    # files under tritune/kernels that shape this family's binaries: their hash is part of the
+    # device key, so editing any of them retires stored records (conservative by design)
     sources: ClassVar[tuple[str, ...]] = ()
 
     def template_hash(self) -> str:
         """Hash of the sources of this family's kernels (and the shared codegen)."""
         here = Path(__file__).parent
-        return files_hash(*(here / name for name in ("codegen.py", "expr.py", *self.sources)))
+        return files_hash(*(here / name for name in (*SHARED_SOURCES, *self.sources)))
 
     # ----- expressions
     @abstractmethod
@@ -68,7 +73,11 @@ class Family(ABC):
     @property
     @abstractmethod
     def cli_help(self) -> str:
-        """One line: the --shape format and the options this op takes."""
+        """One line: the --shape format and the options this op takes (shown by `tune-cli run --help`)."""
+
+    @abstractmethod
+    def examples(self) -> tuple:
+        """Small awkward expressions of the op (odd sizes, every dtype and option) for correctness checks."""
 
     def rate(self, expr: Any, ms: float | None) -> tuple[float, str]:
         """Throughput at a time in ms, as (value, unit): TFLOP/s for compute-bound ops."""
@@ -97,12 +106,25 @@ class Family(ABC):
         """The launch facts of concrete tensors (in kernel argument order)."""
 
     @abstractmethod
-    def compile(self, expr: Any, config: Config, problem: Any, target: Any) -> Any:
-        """Compile one candidate for a target without a GPU; returns Triton's CompiledKernel."""
+    def binary(self, expr: Any, config: Config, problem: Any) -> Binary:
+        """What one candidate's binary is built from."""
 
     @abstractmethod
+    def launcher(self, expr: Any, config: Config, problem: Any) -> Callable[..., None]:
+        """The candidate bound to one problem: call it with the operands' args to run once."""
+
+    def compile(self, expr: Any, config: Config, problem: Any, target: Any) -> Any:
+        """Compile one candidate for a target without a GPU; returns Triton's CompiledKernel."""
+        return self.binary(expr, faults.strip(config), problem).compile(target)
+
     def kernel(self, expr: Any, config: Config, problem: Any) -> Callable[..., None]:
-        """A launcher bound to one problem: call it with the operands' args to run once."""
+        """A launcher bound to one problem; a config's `fault` knob (a test hook, see
+        `tritune.kernels.faults`) makes it misbehave on purpose."""
+        fault = config.get("fault")
+        if fault is not None:
+            faults.check(fault)  # before anything is built
+        launch = self.launcher(expr, faults.strip(config), problem)
+        return launch if fault is None else faults.inject(launch, fault)
 
     # ----- semantics (run in the GPU worker, or on CPU under the interpreter)
     @abstractmethod
@@ -140,13 +162,18 @@ def family(op: str) -> Family:
     return _loaded[op]
 
 
+def device_key(info: dict, op: str) -> DeviceKey:
+    """The key under which measurements of an op on a device (`device.device_info`), compiler and
+    template are stored."""
+    return DeviceKey(info["gpu"], info["capability"], info["triton"], info["torch"], family(op).template_hash())
+
+
 def expr_from_dict(spec: dict) -> Any:
     """The expression of any stored workload spec, dispatched on its 'op'."""
     return family(spec.get("op", "")).from_dict(spec)
 
 
-def training_set(expr: Any, limits: Limits, results: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """Feature rows and labels (see cost_model.features.labels) of one workload's measured results."""
-    from tritune.cost_model.features import labels
-
-    return family(expr.op).features(expr, limits, [r.config for r in results]), labels(results)
+def parse_expr(op: str, shape: str, dtype: str, **options: str | None) -> Any:
+    """The expression of `tune-cli run`'s workload options (options left None are unset); ExprError
+    for anything the user must fix."""
+    return family(op).from_cli(shape, dtype, {k: v for k, v in options.items() if v is not None})

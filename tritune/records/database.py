@@ -184,12 +184,6 @@ class Database:
             sql, params = sql + " AND device = ?", params + [device.key]
         return [_result(row) for row in self._db.query(sql + " ORDER BY id", params)]
 
-    def measured_keys(self, workload_key: str, device: DeviceKey) -> set[str]:
-        """Config keys already stored for a workload on a device (any status)."""
-        rows = self._db.execute("SELECT config_key FROM trials WHERE workload = ? AND device = ?",
-                                [workload_key, device.key])
-        return {key for (key,) in rows}
-
     def best(self, workload_key: str, device: DeviceKey) -> MeasureResult | None:
         """The OK trial with the lowest median time for a workload on a device, or None."""
         rows = self._db.query(

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import importlib
 
+from tritune.cost_model.dataset import Prior
 from tritune.schedules.space import Space
-from tritune.search.base import Featurize, Prior, Strategy
+from tritune.search.base import Featurize, Strategy
 
 # name -> "module:Class"; a new strategy is one new file and one line here
 REGISTRY = {
@@ -28,4 +29,4 @@ def make_strategy(name: str, space: Space, seed: int = 0, features: Featurize | 
     return strategy_class(name)(space, seed=seed, features=features, prior=prior, **options)
 
 
-__all__ = ["REGISTRY", "Featurize", "Prior", "Strategy", "make_strategy", "strategy_class"]
+__all__ = ["REGISTRY", "Featurize", "Strategy", "make_strategy", "strategy_class"]

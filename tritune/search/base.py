@@ -1,37 +1,18 @@
 """Strategy: the propose/update interface every search strategy implements."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
+from tritune.cost_model.dataset import Prior
 from tritune.records.result import MeasureResult
 from tritune.schedules.config import Config
 from tritune.schedules.space import Space
 
 
-# Feature rows of configs of the task being tuned (see tritune.cost_model.features).
+# Feature rows of configs of the task being tuned (its family's `features`).
 Featurize = Callable[[Sequence[Config]], np.ndarray]
-
-
-@dataclass(frozen=True)
-class Prior:
-    """Measurements of other workloads of the same op on the same device, for a warm start."""
-
-    X: np.ndarray
-    y: np.ndarray
-    groups: np.ndarray
-
-    @staticmethod
-    def merge(*priors: "Prior | None") -> "Prior | None":
-        """One prior holding every given one's workloads as separate groups (None if none given)."""
-        given = [p for p in priors if p is not None and len(p.y)]
-        if not given:
-            return None
-        offsets = np.cumsum([0] + [int(p.groups.max()) + 1 for p in given[:-1]])
-        return Prior(np.concatenate([p.X for p in given]), np.concatenate([p.y for p in given]),
-                     np.concatenate([p.groups + o for p, o in zip(given, offsets)]))
 
 
 class Strategy:

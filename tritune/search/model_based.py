@@ -13,10 +13,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tritune.cost_model.features import labels
+from tritune.cost_model.dataset import labels
 from tritune.schedules.config import Config
 from tritune.search.base import Strategy
-from tritune.search.sa import SimulatedAnnealing
+from tritune.search.annealing import SimulatedAnnealing
 
 
 class ModelBasedStrategy(Strategy):

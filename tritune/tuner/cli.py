@@ -10,7 +10,8 @@ from typing import Any
 import click
 
 from tritune.kernels.expr import DTYPES, ExprError
-from tritune.kernels.family import family, ops
+from tritune.kernels.faults import FAULTS
+from tritune.kernels.family import family, ops, parse_expr
 from tritune.records.database import Database, DatabaseError
 from tritune.search import REGISTRY
 from tritune.settings import SETTINGS
@@ -25,11 +26,17 @@ class UsageError(click.ClickException):
 
 
 def make_expr(op: str, shape: str, dtype: str, **options: str | None) -> Any:
-    """Validate the workload options into an expression of the op's family (options left None are unset)."""
+    """`parse_expr`, with what the user must fix as one line and exit code 2."""
     try:
-        return family(op).from_cli(shape, dtype, {k: v for k, v in options.items() if v is not None})
+        return parse_expr(op, shape, dtype, **options)
     except (ExprError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+
+
+def _ops_help() -> str:
+    """Each op's --shape format and options, as its family states them."""
+    return "\b\nPer op (--shape and the options it takes):\n" + "\n".join(
+        f"  {op}: {family(op).cli_help}" for op in ops())
 
 
 def open_db(path: str | None, must_exist: bool = False) -> Database:
@@ -60,10 +67,9 @@ def cli() -> None:
 db_option = click.option("--db", "db_path", default=None, help=f"tuning database [default: $TRITUNE_DB or {SETTINGS.db_path}]")
 
 
-@cli.command()
+@cli.command(epilog=_ops_help())
 @click.option("--op", default="matmul", show_default=True, help=f"operator: {', '.join(ops())}")
-@click.option("--shape", required=True, help="matmul: S (square), M,N,K or B,M,N,K; bmm: B,M,N,K; "
-              "softmax/layernorm: M,N; conv2d: N,H,W,C,K,R,S")
+@click.option("--shape", required=True, help="the workload's sizes, in the op's format (listed below)")
 @click.option("--dtype", default="fp16", show_default=True, help=f"one of {', '.join(DTYPES)}")
 @click.option("--layout", default=None, help="matmul/bmm operand layouts: nn (default), nt, tn, tt")
 @click.option("--epilogue", default=None, help="fused steps, e.g. 'scale=0.5,bias,relu' (bias, relu, gelu, gelu_tanh)")
@@ -82,7 +88,7 @@ db_option = click.option("--db", "db_path", default=None, help=f"tuning database
 @click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(1), help="seconds before a candidate counts as hung")
 @click.option("--workers", default=None, type=click.IntRange(1), help="compile processes [default: one per core]")
 @click.option("--summary-json", default=None, type=click.Path(dir_okay=False), help="also write the final numbers here")
-@click.option("--inject-fault", "faults", multiple=True, type=click.Choice(["oob", "hang"]), hidden=True)
+@click.option("--inject-fault", "faults", multiple=True, type=click.Choice(FAULTS), hidden=True)
 @db_option
 def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, trials, strategy, seed, prior, batch_size,
         early_stop, timeout, workers, summary_json, faults, db_path) -> None:

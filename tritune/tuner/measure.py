@@ -5,6 +5,7 @@ Runs inside the runner's worker process only; it is the one module of tritune th
 from __future__ import annotations
 
 import hashlib
+import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -66,13 +67,20 @@ def measure_torch(expr: Any, seed: int, timing: Timing) -> tuple[float, ...]:
     return time_fn(fam.eager(expr, fam.inputs(expr, seed_for(seed, "torch"), "cuda")), timing)
 
 
+def in_turns(fns: dict[str, Callable[[], Any]], timing: Timing, rounds: int = 3) -> dict[str, list[float]]:
+    """Each function's median ms in each of `rounds` rounds, a round timing them one after the
+    other (so clock and thermal drift hit all alike)."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(time_fn(fn, timing)[2])
+    return times
+
+
 def head_to_head(expr: Any, config: Config, seed: int, timing: Timing, rounds: int = 3) -> dict:
     """Median times of the tuned kernel and of PyTorch, alternated on the same inputs."""
     fam = family(expr.op)
     x = fam.inputs(expr, seed_for(seed, "final"), "cuda")
     kernel = fam.kernel(expr, config, fam.problem_of(expr, x.args))
-    ours, theirs = [], []
-    for _ in range(rounds):
-        ours.append(time_fn(lambda: kernel(*x.args), timing)[2])
-        theirs.append(time_fn(fam.eager(expr, x), timing)[2])
-    return {"ours_ms": sorted(ours)[rounds // 2], "torch_ms": sorted(theirs)[rounds // 2]}
+    times = in_turns({"ours": lambda: kernel(*x.args), "torch": fam.eager(expr, x)}, timing, rounds)
+    return {"ours_ms": statistics.median(times["ours"]), "torch_ms": statistics.median(times["torch"])}

@@ -8,19 +8,20 @@ from __future__ import annotations
 import gzip
 import json
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
-
-from tritune.kernels.family import expr_from_dict, family, training_set
+from tritune.kernels.family import expr_from_dict, family
 from tritune.records.result import DeviceKey, MeasureResult, Status
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits
-from tritune.search.base import Prior
 from tritune.tuner.builder import BuildResult
 from tritune.tuner.tuner import Task
+
+# Recordings shipped with tritune (real GPU measurements of whole spaces or large samples); see
+# recordings/README.md for how and where each was measured.
+BUNDLED = Path(__file__).parent / "recordings"
 
 
 def read_lines(path: str | Path) -> tuple[dict, list[dict]]:
@@ -85,6 +86,10 @@ class Recording:
             return MeasureResult(config, status, compile_s=row["compile_s"], message=row.get("message", ""))
         return MeasureResult(config, status, t, t, t, t, row["compile_s"], message="recorded")
 
+    def results(self) -> list[MeasureResult]:
+        """The recorded outcome of every config, in recorded order."""
+        return [self.result(c) for c in self.rows]
+
 
 class _Done:
     def __init__(self, value: BuildResult) -> None:
@@ -115,28 +120,3 @@ class RecordedRunner:
         self.measured.append(config)
         return self.recording.result(config)
 
-
-# Recordings shipped with tritune (real GPU measurements of whole spaces or large samples); see
-# recordings/README.md for how and where each was measured.
-BUNDLED = Path(__file__).parent / "recordings"
-
-
-@lru_cache(maxsize=None)
-def _bundled_sets() -> tuple[tuple[Any, str, Prior], ...]:
-    """(workload, compute capability, training set) of each shipped recording, built once: every
-    tuning run and benchmark seed asks for them."""
-    out = []
-    for path in sorted(BUNDLED.glob("*.jsonl.gz")):
-        rec = Recording.load(path)
-        X, y = training_set(rec.expr, rec.limits, [rec.result(c) for c in rec.rows])
-        out.append((rec.expr, rec.device["capability"], Prior(X, y, np.zeros(len(y), dtype=np.int64))))
-    return tuple(out)
-
-
-def bundled_prior(task: Task) -> Prior | None:
-    """The shipped recordings of the task's op on GPUs of its compute capability, as a cost-model
-    prior: one group per workload, never the task's own workload (tuning it must search, not
-    look up). None where nothing matches (another op, or another GPU generation)."""
-    return Prior.merge(*(prior for expr, capability, prior in _bundled_sets()
-                         if expr.op == task.expr.op and capability == task.device.capability
-                         and expr.key != task.expr.key))

@@ -1,21 +1,22 @@
-"""One `tune-cli run`: start the GPU worker and compile pool, tune, compare with torch, report."""
+"""Tuning sessions: start the GPU worker and compile pool, tune workloads in turn, compare each
+with torch, report."""
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterator, Sequence
 
-from tritune.kernels.device import device_key
+from tritune.kernels.family import device_key
 from tritune.records.database import Database
 from tritune.schedules.space import Limits
-from tritune.search import Prior, make_strategy
+from tritune.search import make_strategy
 from tritune.tuner import display
 from tritune.tuner.builder import Builder
 from tritune.tuner.measure import Timing
-from tritune.tuner.recorded import bundled_prior
+from tritune.tuner.prior import prior_for
 from tritune.tuner.runner import Runner
-from tritune.tuner.tuner import Task, Tuner, best_of, warm_start
+from tritune.tuner.tuner import Task, Tuner, best_of
 
 
 @dataclass(frozen=True)
@@ -33,30 +34,33 @@ class TuneOptions:
     prior: str = "all"  # what warm-starts the cost model: "all" (database + shipped), "db", "none"
 
 
-def device_task(expr: Any, info: dict) -> Task:
-    """The task for an expression on the GPU the runner reported."""
+def device_limits(info: dict) -> Limits:
+    """What the GPU the runner reported allows a program (the known table fills what it did not say)."""
     major, minor = (int(x) for x in info["capability"].split("."))
     known = Limits.for_capability(major, minor)
-    limits = Limits(info["shared_bytes"] or known.shared_bytes, info["sms"] or known.sms)
-    return Task(expr, device_key(info, expr.op), limits)
+    return Limits(info["shared_bytes"] or known.shared_bytes, info["sms"] or known.sms)
 
 
-def start_gpu(expr: Any, timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
-              workers: int | None = None) -> tuple[Runner, Task, Builder]:
+def device_task(expr: Any, info: dict) -> Task:
+    """The task for an expression on the GPU the runner reported."""
+    return Task(expr, device_key(info, expr.op), device_limits(info))
+
+
+def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
+              workers: int | None = None) -> tuple[Runner, Builder]:
     """Start the GPU worker, read its device, and start a compile pool for that device's target."""
     from triton.backends.compiler import GPUTarget
 
     runner = Runner(timing, timeout_s=timeout_s, seed=seed)
     info = runner.device_info()
-    task = device_task(expr, info)
     major, minor = (int(x) for x in info["capability"].split("."))
-    return runner, task, Builder(GPUTarget("cuda", major * 10 + minor, 32), task.limits.shared_bytes, workers)
+    return runner, Builder(GPUTarget("cuda", major * 10 + minor, 32), device_limits(info).shared_bytes, workers)
 
 
 @contextmanager
-def gpu_session(expr: Any, options: TuneOptions) -> Iterator[tuple[Runner, Builder]]:
+def gpu_session(options: TuneOptions) -> Iterator[tuple[Runner, Builder]]:
     """One GPU worker and compile pool, for tuning one workload or several in turn."""
-    runner, _, builder = start_gpu(expr, timeout_s=options.timeout_s, seed=options.seed, workers=options.workers)
+    runner, builder = start_gpu(timeout_s=options.timeout_s, seed=options.seed, workers=options.workers)
     with runner:
         try:
             yield runner, builder
@@ -64,30 +68,28 @@ def gpu_session(expr: Any, options: TuneOptions) -> Iterator[tuple[Runner, Build
             builder.close()
 
 
-PRIORS = ("all", "db", "none")
-
-
-def prior_for(db: Database, task: Task, which: str = "all") -> Prior | None:
-    """The cost-model prior for a task: the database's trials of the op's other workloads on this
-    GPU ("db"), plus the measurements shipped with tritune for this GPU generation ("all")."""
-    if which not in PRIORS:
-        raise ValueError(f"prior must be one of {PRIORS}, got {which!r}")
-    if which == "none":
-        return None
-    return Prior.merge(warm_start(db, task), bundled_prior(task) if which == "all" else None)
-
-
-def tune_all(exprs: Sequence[Any], db: Database, options: TuneOptions) -> list[dict]:
-    """Tune several workloads in turn on one GPU worker and compile pool; their summaries."""
-    with gpu_session(exprs[0], options) as gpu:
-        return [tune(expr, db, options, gpu) for expr in exprs]
+def tune_all(exprs: Sequence[Any], db: Database, options: TuneOptions, trials: Sequence[int] | None = None,
+             announce: Callable[[int, Any, int], None] | None = None) -> list[dict]:
+    """Tune several workloads in turn on one GPU worker and compile pool (starting them costs
+    seconds per workload otherwise), each with its `trials` (default: the options'); their
+    summaries. `announce(i, expr, trials)` runs before each."""
+    if not exprs:
+        return []
+    budgets = list(trials) if trials is not None else [options.trials] * len(exprs)
+    summaries = []
+    with gpu_session(options) as gpu:
+        for i, (expr, n) in enumerate(zip(exprs, budgets)):
+            if announce is not None:
+                announce(i, expr, n)
+            summaries.append(tune(expr, db, replace(options, trials=n), gpu))
+    return summaries
 
 
 def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Builder] | None = None) -> dict:
     """Tune `expr`, print progress and the final table, and return the summary numbers; `gpu` is a
     started `gpu_session` to reuse (else one is started for this workload alone)."""
     if gpu is None:
-        with gpu_session(expr, options) as started:
+        with gpu_session(options) as started:
             return tune(expr, db, options, started)
     start = time.time()
     runner, builder = gpu

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from tritune.kernels.contraction import parse_dims
-from tritune.kernels.expr import DTYPES, ExprError
-from tritune.kernels.extract import first_line
+from tritune.kernels.expr import ExprError, check_dtype, parse_dims, torch_dtype
+from tritune.kernels.frontend.extract import first_line
 
 MIN_TRIALS = 16  # each task gets at least this many (when the budget allows): a first round plus a model fit
 
@@ -71,10 +70,10 @@ def build(factory: Callable[[], Any], shapes: Sequence[tuple[int, ...]], dtype: 
     """The model (uninitialised storage on `device`, in `dtype`, eval mode) and empty inputs of those shapes."""
     import torch
 
-    from tritune.kernels.contraction import torch_dtype
-
-    if dtype not in DTYPES:
-        raise ModelError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    try:
+        check_dtype(dtype)
+    except ExprError as exc:
+        raise ModelError(str(exc)) from None
     try:
         with torch.device("meta"):
             model = factory()
@@ -93,7 +92,7 @@ def model_tasks(spec: str, input_shapes: Sequence[str], dtype: str, device: str 
     """Load, build and capture a model: its tasks (ModelError for anything the user can fix)."""
     import torch
 
-    from tritune.kernels.extract import ExtractError, extract_tasks
+    from tritune.kernels.frontend.extract import ExtractError, extract_tasks
 
     shapes = parse_shapes(input_shapes)
     model, inputs = build(load_factory(spec), shapes, dtype, device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -134,17 +133,15 @@ def plan_table(planned: Sequence[Planned]) -> Any:
 
 
 def tune_all(planned: Sequence[Planned], db: Any, options: Any) -> list[dict]:
-    """Tune each planned task with its trials (`session.tune`, which resumes stored ones) on one GPU
-    worker and compile pool (starting them costs seconds per task otherwise); summaries."""
+    """Tune each planned task with its trials (`session.tune_all`, which resumes stored ones); summaries."""
     from tritune.tuner import display
-    from tritune.tuner.session import gpu_session, tune
+    from tritune.tuner.session import tune_all
 
     todo = [(i, p) for i, p in enumerate(planned, 1) if p.trials > 0]
-    if not todo:
-        return []
-    summaries = []
-    with gpu_session(todo[0][1].task.expr, options) as gpu:
-        for i, p in todo:
-            display.console.print(f"[bold]task {i}/{len(planned)}[/bold]: {p.task.describe()}, {p.trials} trials")
-            summaries.append({"count": p.task.count, **tune(p.task.expr, db, replace(options, trials=p.trials), gpu)})
-    return summaries
+
+    def announce(j: int, expr: Any, trials: int) -> None:
+        i, p = todo[j]
+        display.console.print(f"[bold]task {i}/{len(planned)}[/bold]: {p.task.describe()}, {trials} trials")
+
+    summaries = tune_all([p.task.expr for _, p in todo], db, options, [p.trials for _, p in todo], announce)
+    return [{"count": p.task.count, **s} for (_, p), s in zip(todo, summaries)]

@@ -1,20 +1,18 @@
 """Tuner: owns the loop propose -> build -> measure -> store -> update, its budget and stopping."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from tritune.kernels.family import Family, expr_from_dict, family, training_set
+from tritune.kernels.family import Family, family
 from tritune.records.database import Database
 from tritune.records.result import DeviceKey, MeasureResult
 from tritune.schedules.config import Config
-from tritune.schedules.space import Limits
-from tritune.schedules.space import Space
-from tritune.search.base import Prior, Strategy
+from tritune.schedules.space import Limits, Space
+from tritune.search.base import Strategy
 from tritune.tuner.builder import Builder
 from tritune.tuner.runner import Runner
 
@@ -44,19 +42,6 @@ class Task:
         space = self.family.space(self.expr, self.limits)
         space = space.without(self.absent) if self.absent else space
         return space if self.only is None else space.restricted(self.only)
-
-
-def warm_start(db: Database, task: Task, min_trials: int = 8) -> Prior | None:
-    """Trials of the op's other workloads on this device, as a cost-model prior (None if none)."""
-    parts = []
-    for group, (key, _, _, spec) in enumerate(db.workloads(task.expr.op)):
-        results = db.trials(key, task.device) if key != task.expr.key else []
-        if len(results) >= min_trials:
-            X, y = training_set(expr_from_dict(json.loads(spec)), task.limits, results)
-            parts.append((X, y, np.full(len(results), group)))
-    if not parts:
-        return None
-    return Prior(*(np.concatenate(p) for p in zip(*parts)))
 
 
 def best_of(results: Sequence[MeasureResult]) -> MeasureResult | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tritune.kernels.codegen import Binary, Launcher, divisibility, load_source
-from tritune.kernels.conv import Conv2d
+from tritune.kernels.conv.expr import Conv2d
 from tritune.schedules.config import Config
 
 KERNEL_NAME = "tritune_conv2d"

@@ -1,22 +1,18 @@
-"""The conv2d family: NHWC convolution as an implicit GEMM, tuned in the matmul space of its GEMM view."""
+"""The conv2d family: NHWC convolution as an implicit GEMM, tuned in the contraction space of its GEMM view."""
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from tritune.kernels import conv_template
-from tritune.kernels.contraction import TOLERANCE, check_options, parse_dims, parse_epilogue, torch_dtype
-from tritune.kernels.conv import AWKWARD, Conv2d  # noqa: F401  (AWKWARD: for generic GPU checks)
-from tritune.kernels.expr import DTYPE_BYTES, DTYPES, ExprError
+from tritune.kernels.codegen import Binary
+from tritune.kernels.conv import template
+from tritune.kernels.conv.expr import AWKWARD, Conv2d
+from tritune.kernels.epilogue import parse_epilogue
+from tritune.kernels.expr import DTYPE_BYTES, TOLERANCE, ExprError, check_dtype, check_options, parse_dims, torch_dtype
 from tritune.kernels.family import Family, Operands
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits, Space
-
-# Knobs the conv template reads; the matmul space's others (split-K, TMA, persistent) are left out.
-KNOBS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "UNROLL")
-EXTRA_FEATURES = ("rs_outer", "log2_c", "taps", "k_trips_conv", "waste_k_conv", "input_reuse")
-MIN_K_STEP = 16  # tl.dot's smallest K
 
 
 def parse_pair(text: str, name: str) -> tuple[int, int]:
@@ -35,7 +31,7 @@ class Conv2dFamily(Family):
 
     op = "conv2d"
     baseline = "torch (cuDNN, channels_last)"
-    sources = ("conv.py", "conv_template.py")
+    sources = ("conv/expr.py", "conv/template.py")
 
     def from_dict(self, spec: dict) -> Conv2d:
         return Conv2d.from_dict(spec)
@@ -45,12 +41,14 @@ class Conv2dFamily(Family):
         return ("--shape N,H,W,C,K,R,S (or N,H,W,C,K,R for a square filter); --stride, --padding, "
                 "--dilation: h or h,w; --epilogue scale=A,bias,relu,gelu,gelu_tanh (bias over K)")
 
+    def examples(self) -> tuple:
+        return AWKWARD
+
     def from_cli(self, shape: str, dtype: str, options: dict[str, str]) -> Conv2d:
         check_options(options, ("stride", "padding", "dilation", "epilogue"), self.op)
         dims = parse_dims(shape, (6, 7), "N,H,W,C,K,R,S")
         n, h, w, c, k, r = dims[:6]
-        if dtype not in DTYPES:
-            raise ExprError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+        check_dtype(dtype)
         geometry = {name: parse_pair(options[name], name) for name in ("stride", "padding", "dilation")
                     if name in options}
         return Conv2d(n, h, w, c, k, r, dims[-1], dtype=dtype, **geometry,
@@ -58,48 +56,32 @@ class Conv2dFamily(Family):
 
     # ----- schedules and cost model
     def space(self, expr: Conv2d, limits: Limits) -> Space:
-        """The matmul space of the GEMM view, plus: where C is a multiple of 16, K steps divide C."""
-        from tritune.schedules.matmul import matmul_space
+        from tritune.schedules.conv import conv_space
 
         view = expr.as_matmul()
-        base = matmul_space(view.m, view.n, view.k, DTYPE_BYTES[expr.dtype], limits, batch=view.batch)
-        base = base.without([k.name for k in base.knobs if k.name not in KNOBS])  # split-K, TMA, ...
-        stages = dict((k.name, k.values) for k in base.knobs)["num_stages"]
-
-        def conv_only(c: Config) -> str | None:
-            # a step past C turns contiguous channel loads into a gather; only worth it when no
-            # step divides C anyway
-            if expr.c % MIN_K_STEP == 0 and expr.c % c["BLOCK_K"]:
-                return f"BLOCK_K={c['BLOCK_K']} does not divide C={expr.c} (the loads would gather)"
-            # Triton copies asynchronously (and so pipelines) only runs of >= 4 bytes: a gather of
-            # lone 2-byte channels (odd C) builds the same binary at any stage count
-            if DTYPE_BYTES[expr.dtype] == 2 and expr.c % 2 and c["num_stages"] != stages[0]:
-                return "odd C in 2-byte types: loads are not pipelined, more stages change nothing"
-            return None
-        return Space(base.knobs, (conv_only, *base.constraints))
+        return conv_space(view.m, view.n, view.k, view.batch, expr.c, DTYPE_BYTES[expr.dtype], limits)
 
     def features(self, expr: Conv2d, limits: Limits, configs: Sequence[Config]) -> np.ndarray:
-        """The matmul features of the GEMM view, then conv extras (EXTRA_FEATURES)."""
-        from tritune.cost_model.features import features
+        from tritune.kernels.conv.features import features
 
-        return np.hstack([features(expr.as_matmul(), limits, configs), _extras(expr, configs)])
+        return features(expr, limits, configs)
 
     def default_config(self, expr: Conv2d) -> Config:
         return Config.of(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32 if expr.c % 32 == 0 else 16, GROUP_M=8,
                          num_warps=4, num_stages=3, UNROLL=1)
 
     # ----- build and launch
-    def canonical_problem(self, expr: Conv2d) -> conv_template.Problem:
-        return conv_template.canonical_problem(expr)
+    def canonical_problem(self, expr: Conv2d) -> template.Problem:
+        return template.canonical_problem(expr)
 
-    def problem_of(self, expr: Conv2d, args: tuple) -> conv_template.Problem:
-        return conv_template.problem_of(expr, *args)
+    def problem_of(self, expr: Conv2d, args: tuple) -> template.Problem:
+        return template.problem_of(expr, *args)
 
-    def compile(self, expr: Conv2d, config: Config, problem: conv_template.Problem, target: Any) -> Any:
-        return conv_template.binary(expr, config, problem).compile(target)
+    def binary(self, expr: Conv2d, config: Config, problem: template.Problem) -> Binary:
+        return template.binary(expr, config, problem)
 
-    def kernel(self, expr: Conv2d, config: Config, problem: conv_template.Problem) -> Callable[..., None]:
-        return conv_template.launcher(expr, config, problem)
+    def launcher(self, expr: Conv2d, config: Config, problem: template.Problem) -> Callable[..., None]:
+        return template.launcher(expr, config, problem)
 
     # ----- semantics
     def inputs(self, expr: Conv2d, seed: int, device: str) -> Operands:
@@ -149,19 +131,6 @@ class Conv2dFamily(Family):
         # relative Frobenius error with fp32 accumulation does not grow with the reduction length;
         # output rounding (fp16, bf16) or input rounding (tf32) sets it, as for matmul
         return TOLERANCE["tf32" if expr.tf32 else expr.dtype]
-
-
-def _extras(expr: Conv2d, configs: Sequence[Config]) -> np.ndarray:
-    """Conv features: the loop mode, channels, taps, its real K trips and wasted K, input reuse."""
-    rows = []
-    taps, reduction = expr.r * expr.s, expr.gemm[2]
-    reuse = taps / (expr.stride[0] * expr.stride[1])  # how often each input pixel is read per filter
-    for config in configs:
-        bk = config["BLOCK_K"]
-        outer = conv_template.rs_outer(expr, config)
-        trips = taps * (expr.c // bk) if outer else -(-reduction // bk)
-        rows.append([outer, np.log2(expr.c), taps, np.log2(trips), 1 - reduction / (trips * bk), reuse])
-    return np.array(rows, dtype=np.float32).reshape(len(configs), len(EXTRA_FEATURES))
 
 
 CONV2D = Conv2dFamily()

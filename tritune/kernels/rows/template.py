@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from tritune.kernels.codegen import Binary, Launcher, divisibility
-from tritune.kernels.rows import LayerNorm, RowOp
+from tritune.kernels.rows.expr import LayerNorm, RowOp
 from tritune.schedules.config import Config
 
 

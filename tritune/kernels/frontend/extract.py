@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from tritune.kernels.expr import Matmul
+from tritune.kernels.contraction.expr import Matmul
 
 
 class ExtractError(ValueError):
@@ -43,7 +43,7 @@ def extract_tasks(model: Any, example_inputs: Any, *, allow_tf32: bool | None = 
     """
     import torch
 
-    from tritune.kernels import graph
+    from tritune.kernels.frontend import graph
 
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     if allow_tf32 is None:

@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from tritune.kernels.expr import DTYPE_BYTES
-from tritune.kernels.rows import RowOp
+from tritune.kernels.rows.expr import RowOp
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits
 

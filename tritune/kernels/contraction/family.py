@@ -5,59 +5,23 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from tritune.kernels import build
-from tritune.kernels.expr import DTYPE_BYTES, DTYPES, ExprError, Matmul, epilogue_from_dict
+from tritune.kernels.codegen import Binary
+from tritune.kernels.contraction import launch
+from tritune.kernels.contraction.expr import AWKWARD, Matmul
+from tritune.kernels.epilogue import parse_epilogue
+from tritune.kernels.expr import DTYPE_BYTES, TOLERANCE, ExprError, check_dtype, check_options, parse_dims, torch_dtype
 from tritune.kernels.family import Family, Operands
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits, Space
 
-# Relative Frobenius error allowed per operand type: output rounding of fp16 is ~3e-4 and of
-# bf16 ~2e-3; tf32 rounds inputs to 10 mantissa bits, like fp16.
-TOLERANCE = {"fp16": 2e-3, "bf16": 1e-2, "tf32": 2e-3, "fp32": 1e-5}
 LAYOUTS = ("nn", "nt", "tn", "tt")
-
-
-def parse_dims(text: str, counts: Sequence[int], what: str) -> list[int]:
-    """'4096' or '2,64,64' (or 'x'-separated) -> positive ints; `counts` lists the lengths allowed."""
-    try:
-        dims = [int(p) for p in text.replace("x", ",").split(",")]
-    except ValueError:
-        dims = []
-    if len(dims) not in counts or min(dims) < 1:
-        raise ExprError(f"bad --shape {text!r}: expected {what} of positive integers")
-    return dims
-
-
-def parse_epilogue(text: str) -> tuple:
-    """'scale=0.5,bias,gelu_tanh' -> epilogue steps."""
-    steps = []
-    for item in filter(None, (p.strip() for p in text.split(","))):
-        name, _, arg = item.partition("=")
-        spec: dict[str, Any] = {"op": name}
-        if name == "scale":
-            try:
-                spec["alpha"] = float(arg or 1.0)
-            except ValueError:
-                raise ExprError(f"bad scale {arg!r} in --epilogue: expected a number") from None
-        elif name == "gelu_tanh":
-            spec = {"op": "gelu", "approximate": "tanh"}
-        steps.append(epilogue_from_dict(spec))
-    return tuple(steps)
-
-
-def check_options(options: dict[str, str], allowed: Sequence[str], op: str) -> None:
-    """ExprError naming the first option an op does not take (nothing is silently ignored)."""
-    for name in options:
-        if name not in allowed:
-            raise ExprError(f"--{name} does not apply to --op {op}; it takes: "
-                            f"{', '.join('--' + a for a in allowed) or 'no extra options'}")
 
 
 class ContractionFamily(Family):
     """C[b,m,n] = epilogue(A[b,m,k] @ B[b,k,n]) in any layout, fp16/bf16/fp32."""
 
     baseline = "torch (cuBLAS)"
-    sources = ("template.py", "build.py")
+    sources = ("contraction/expr.py", "contraction/template.py", "contraction/launch.py")
 
     def __init__(self, op: str, batched: bool) -> None:
         self.op, self.batched = op, batched
@@ -70,6 +34,9 @@ class ContractionFamily(Family):
         shape = "B,M,N,K" if self.batched else "S (square), M,N,K or B,M,N,K"
         return f"--shape {shape}; --layout nn|nt|tn|tt; --epilogue scale=A,bias,relu,gelu,gelu_tanh"
 
+    def examples(self) -> tuple:
+        return tuple(e for e in AWKWARD if (e.batch > 1) == self.batched)
+
     def from_cli(self, shape: str, dtype: str, options: dict[str, str]) -> Matmul:
         check_options(options, ("layout", "epilogue"), self.op)
         if self.batched:
@@ -81,38 +48,40 @@ class ContractionFamily(Family):
         layout = options.get("layout", "nn")
         if layout not in LAYOUTS:
             raise ExprError(f"bad --layout {layout!r}: one of {', '.join(LAYOUTS)} (t = operand stored transposed)")
-        if dtype not in DTYPES:
-            raise ExprError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+        check_dtype(dtype)
         return Matmul(m, n, k, batch=batch, dtype=dtype, trans_a=layout[0] == "t", trans_b=layout[1] == "t",
                       epilogue=parse_epilogue(options.get("epilogue", "")))
 
+    # ----- schedules and cost model
     def space(self, expr: Matmul, limits: Limits) -> Space:
-        from tritune.schedules.matmul import matmul_space
+        from tritune.schedules.contraction import contraction_space
 
-        problem = build.canonical_problem(expr)
-        tma = 0 if build.tma_unfit(expr, problem) else 1 if build.tma_unfit(expr, problem, store=True) else 2
-        return matmul_space(expr.m, expr.n, expr.k, DTYPE_BYTES[expr.dtype], limits, batch=expr.batch, tma=tma)
+        problem = launch.canonical_problem(expr)
+        tma = 0 if launch.tma_unfit(expr, problem) else 1 if launch.tma_unfit(expr, problem, store=True) else 2
+        return contraction_space(expr.m, expr.n, expr.k, DTYPE_BYTES[expr.dtype], limits, batch=expr.batch, tma=tma)
 
     def features(self, expr: Matmul, limits: Limits, configs: Sequence[Config]) -> np.ndarray:
-        from tritune.cost_model.features import features
+        from tritune.kernels.contraction.features import features
 
         return features(expr, limits, configs)
 
     def default_config(self, expr: Matmul) -> Config:
-        return build.DEFAULT
+        return launch.DEFAULT
 
-    def canonical_problem(self, expr: Matmul) -> build.Problem:
-        return build.canonical_problem(expr)
+    # ----- build and launch
+    def canonical_problem(self, expr: Matmul) -> launch.Problem:
+        return launch.canonical_problem(expr)
 
-    def problem_of(self, expr: Matmul, args: tuple) -> build.Problem:
-        return build.problem_of(expr, *args)
+    def problem_of(self, expr: Matmul, args: tuple) -> launch.Problem:
+        return launch.problem_of(expr, *args)
 
-    def compile(self, expr: Matmul, config: Config, problem: build.Problem, target: Any) -> Any:
-        return build.compile_kernel(expr, config, problem, target)
+    def binary(self, expr: Matmul, config: Config, problem: launch.Problem) -> Binary:
+        return launch.binary(expr, config, problem)
 
-    def kernel(self, expr: Matmul, config: Config, problem: build.Problem) -> build.Kernel:
-        return build.Kernel(expr, config, problem)
+    def launcher(self, expr: Matmul, config: Config, problem: launch.Problem) -> launch.Kernel:
+        return launch.Kernel(expr, config, problem)
 
+    # ----- semantics
     def inputs(self, expr: Matmul, seed: int, device: str) -> Operands:
         import torch
 
@@ -153,13 +122,6 @@ class ContractionFamily(Family):
 
     def tolerance(self, expr: Matmul) -> float:
         return TOLERANCE["tf32" if expr.tf32 else expr.dtype]
-
-
-def torch_dtype(name: str) -> Any:
-    """The torch dtype of a dtype name."""
-    import torch
-
-    return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[name]
 
 
 MATMUL = ContractionFamily("matmul", batched=False)

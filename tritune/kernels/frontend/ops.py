@@ -12,10 +12,12 @@ from typing import Any, NamedTuple, Sequence
 
 import torch
 
-from tritune.kernels.build import DEFAULT, Kernel, problem_of
-from tritune.kernels.device import device_info, device_key
-from tritune.kernels.contraction import torch_dtype
-from tritune.kernels.expr import DTYPES, BiasAdd, Epilogue, ExprError, Matmul
+from tritune.kernels.contraction.expr import Matmul
+from tritune.kernels.contraction.launch import DEFAULT, Kernel, problem_of
+from tritune.kernels.device import device_info
+from tritune.kernels.family import device_key
+from tritune.kernels.epilogue import BiasAdd, Epilogue
+from tritune.kernels.expr import DTYPES, ExprError, torch_dtype
 from tritune.records import dispatch
 from tritune.schedules.config import Config
 from tritune.settings import SETTINGS
@@ -99,7 +101,7 @@ def _default() -> dispatch.HistoryBest | None:
 
 def choose(expr: Matmul, history: dispatch.HistoryBest | None, device_index: int = 0) -> Choice:
     """Pick the config to run for `expr` on a device (see the module docstring for the order)."""
-    device = device_key(device_info(device_index))
+    device = device_key(device_info(device_index), expr.op)
     if history is not None:
         exact = history.best(expr.key, device)
         if exact is not None:

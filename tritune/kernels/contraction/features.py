@@ -1,4 +1,6 @@
-"""Features of (workload, config) pairs that let trees generalise within and across shapes."""
+"""Cost-model features of contraction configs: knobs in log2, then what they imply for the grid,
+padding, the K loop, shared memory, registers and occupancy, so trees generalise within and
+across shapes."""
 from __future__ import annotations
 
 import math
@@ -6,10 +8,10 @@ from typing import Sequence
 
 import numpy as np
 
-from tritune.kernels.expr import DTYPE_BYTES, Matmul
-from tritune.records.result import MeasureResult
+from tritune.kernels.contraction.expr import Matmul
+from tritune.kernels.expr import DTYPE_BYTES
 from tritune.schedules.config import Config
-from tritune.schedules.matmul import REGS_PER_SM, RESERVED_REGS, compute_warps, shared_estimate
+from tritune.schedules.contraction import REGS_PER_SM, RESERVED_REGS, compute_warps, shared_estimate
 from tritune.schedules.space import Limits
 
 KNOB_NAMES = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "UNROLL")
@@ -68,9 +70,3 @@ def features(expr: Matmul, limits: Limits, configs: Sequence[Config]) -> np.ndar
     return np.array([config_features(expr, limits, c) for c in configs], dtype=np.float32).reshape(
         len(configs), len(FEATURE_NAMES))
 
-
-def labels(results: Sequence[MeasureResult]) -> np.ndarray:
-    """Relative throughput in [0, 1]: best median / median; failed configs are 0, the worst."""
-    times = [r.t_median for r in results if r.ok]
-    best = min(times) if times else 1.0
-    return np.array([best / r.t_median if r.ok else 0.0 for r in results], dtype=np.float32)

@@ -106,7 +106,7 @@ def shared_estimate(config: Config, element_bytes: int) -> int:
     return pipeline + scratch
 
 
-def matmul_space(m: int, n: int, k: int, element_bytes: int, limits: Limits, batch: int = 1,
+def contraction_space(m: int, n: int, k: int, element_bytes: int, limits: Limits, batch: int = 1,
                  tma: int = 0) -> Space:
     """The space for a (batch of) M x N x K contraction; constraints prune what cannot run or is
     redundant. `tma`: the largest TMA value the layout allows (1: loads, 2: the store too).

@@ -9,12 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from tritune.kernels.codegen import load_source
-from tritune.kernels.expr import Matmul
+from tritune.kernels.contraction.expr import Matmul
 
 KERNEL_NAME = "tritune_matmul"
-CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "UNROLL", "EVEN_K", "DOT_PRECISION",
-              "SPLIT_K", "TMA", "PERSISTENT", "WARP_SPEC")
-FAULTS = ("oob", "hang")
 
 _TEMPLATE = '''\
 import triton
@@ -52,7 +49,7 @@ def _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
         rn = offs_n % N
         a_ptrs = A + batch * stride_ab + rm[:, None] * stride_am + k_first[None, :] * stride_ak
         b_ptrs = B + batch * stride_bb + k_first[:, None] * stride_bk + rn[None, :] * stride_bn
-{fault_hang}        for k in tl.range(k_lo, k_hi, loop_unroll_factor=UNROLL):
+        for k in tl.range(k_lo, k_hi, loop_unroll_factor=UNROLL):
             if EVEN_K:
                 a = tl.load(a_ptrs)
                 b = tl.load(b_ptrs)
@@ -77,7 +74,7 @@ def _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, strid
                                            block_shape=[BLOCK_M, BLOCK_N])
         c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(C.dtype.element_ty))
     else:
-        c_ptrs = C + batch * stride_cb + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn{fault_oob}
+        c_ptrs = C + batch * stride_cb + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask)
 
@@ -159,13 +156,6 @@ def {name}(
 '''
 
 _BIAS_LOAD = "    bias = tl.load(BIAS + offs_n * stride_bias, mask=offs_n < N, other=0.0).to(tl.float32)\n"
-# Test hooks for crash isolation: a store far outside any allocation, and a loop that never ends.
-_FAULT_OOB = " + (1 << 40)"
-_FAULT_HANG = (
-    "        spin = tl.load(A, volatile=True).to(tl.float32)\n"
-    "        while spin == spin:  # inputs are finite random numbers, so this never ends\n"
-    "            spin = tl.load(A, volatile=True).to(tl.float32)\n"
-)
 # Tensor descriptors over each operand as stored ([M, K] or, transposed, [K, M]); the unit
 # stride is the last one, as TMA requires; transposed tiles are flipped after the load.
 _DESC = "        {x}_desc = tl.make_tensor_descriptor({X} + batch * stride_{x}b, shape=[{d0}, {d1}], " \
@@ -188,23 +178,19 @@ def _tma(expr: Matmul) -> tuple[str, str]:
     return descs, loads
 
 
-def source(expr: Matmul, fault: str | None = None) -> str:
-    """The Triton source of the kernel computing `expr` (fault is a test hook: 'oob' or 'hang')."""
-    if fault is not None and fault not in FAULTS:
-        raise ValueError(f"unknown fault {fault!r}; known: {FAULTS}")
+def source(expr: Matmul) -> str:
+    """The Triton source of the kernel computing `expr`."""
     descs, loads = _tma(expr)
     return _TEMPLATE.format(
         name=KERNEL_NAME,
-        description=expr.describe().replace(f" {expr.dtype}", "") + (f" [fault: {fault}]" if fault else ""),
+        description=expr.describe().replace(f" {expr.dtype}", ""),
         bias_load=_BIAS_LOAD if expr.has_bias else "",
         epilogue="".join(f"    {e.triton()}\n" for e in expr.epilogue),
         tma_descriptors=descs.rstrip("\n"),
         tma_loads=loads.rstrip("\n"),
-        fault_oob=_FAULT_OOB if fault == "oob" else "",
-        fault_hang=_FAULT_HANG if fault == "hang" else "",
     )
 
 
-def load(expr: Matmul, fault: str | None = None) -> Any:
+def load(expr: Matmul) -> Any:
     """The @triton.jit function of the generated source for `expr`."""
-    return load_source(source(expr, fault), KERNEL_NAME)
+    return load_source(source(expr), KERNEL_NAME)

@@ -14,8 +14,10 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
-from tritune.kernels.expr import BiasAdd, Epilogue, ExprError, Gelu, Matmul, Relu, Scale
-from tritune.kernels.ops import DTYPE_NAMES, contraction_expr, layout_of
+from tritune.kernels.contraction.expr import Matmul
+from tritune.kernels.epilogue import BiasAdd, Epilogue, Gelu, Relu, Scale
+from tritune.kernels.expr import ExprError
+from tritune.kernels.frontend.ops import DTYPE_NAMES, contraction_expr, layout_of
 
 A = torch.ops.aten
 CONTRACTIONS = (A.mm.default, A.addmm.default, A.bmm.default, A.baddbmm.default)

@@ -7,13 +7,12 @@ of PyTorch's channels_last [K, C, R, S] weight, so torch/cuDNN runs on the same 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from tritune.kernels.expr import (
-    INT32_MAX, BiasAdd, Epilogue, ExprError, Gelu, Keyed, Matmul, Relu, Scale, check_fields, epilogue_from_dict,
-)
+from tritune.kernels.contraction.expr import Matmul
+from tritune.kernels.epilogue import BiasAdd, Epilogue, Gelu, Relu, Scale, epilogue_from_dict
+from tritune.kernels.expr import INT32_MAX, ExprError, Keyed, check_fields
 
 Pair = tuple[int, int]
 DIMS = ("n", "h", "w", "c", "k", "r", "s")
@@ -135,10 +134,6 @@ class Conv2d(Keyed):
                        allow_tf32=d.get("tf32", True) or d["dtype"] != "fp32")
         except (KeyError, TypeError) as e:
             raise ExprError(f"bad conv2d workload spec: {e}") from None
-
-    def shape_distance(self, other: "Conv2d") -> float:
-        """Distance in log2 space between the GEMM views (for nearest-shape fallback)."""
-        return math.sqrt(sum((math.log2(a) - math.log2(b)) ** 2 for a, b in zip(self.gemm, other.gemm)))
 
     def describe(self) -> str:
         """Short human form, e.g. 'conv2d 32x56x56x64 -> 64 3x3 s1 p1 fp16'."""

@@ -1,4 +1,4 @@
-"""Specialise, compile and launch a generated contraction kernel.
+"""Specialise and launch a generated contraction kernel.
 
 `Problem` holds the facts a binary assumes about its arguments (ints, pointer alignment) so the
 same binary is built ahead of time by the builder and found again by the runner and replay.
@@ -8,11 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tritune.kernels import template
-from tritune.kernels.codegen import Binary, Launcher, divisibility
-from tritune.kernels.expr import DTYPE_BYTES, Matmul
+from tritune.kernels.codegen import Binary, Launcher, divisibility, use_torch_scratch
+from tritune.kernels.contraction import template
+from tritune.kernels.contraction.expr import Matmul
+from tritune.kernels.device import current_sms, interpreted
+from tritune.kernels.expr import DTYPE_BYTES
 from tritune.schedules.config import Config
-from tritune.settings import SETTINGS
 
 # Replay's last resort: valid for any contraction.
 DEFAULT = Config.of(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3, UNROLL=1)
@@ -93,17 +94,12 @@ def binary(expr: Matmul, config: Config, problem: Problem) -> Binary:
     that ints get the largest power-of-two divisibility (up to 16) they have: strides that are
     multiples of 8 fp16 elements still allow 16-byte loads.
     """
-    fn = template.load(expr, config.get("fault"))
+    fn = template.load(expr)
     pointers = tuple((name, expr.dtype, aligned) for name, aligned in zip(POINTER_NAMES, problem.aligned))
     pointers += (("WS", "fp32", True), ("LOCKS", "i32", True))
     ints = tuple((name, v, divisibility(v)) for name, v in zip(INT_NAMES, problem.ints))
     options = (("num_warps", config["num_warps"]), ("num_stages", config["num_stages"]))
     return Binary(fn, pointers, ints, tuple(constexprs(expr, config).items()), options)
-
-
-def compile_kernel(expr: Matmul, config: Config, problem: Problem, target: Any) -> Any:
-    """Compile one candidate for a target (no GPU needed); returns Triton's CompiledKernel."""
-    return binary(expr, config, problem).compile(target)
 
 
 def tiles(expr: Matmul, config: Config) -> int:
@@ -131,8 +127,7 @@ class Kernel:
         self.expr, self.config, self.problem = expr, config, problem
         if config.get("TMA", 0) and (why := tma_unfit(expr, problem, store=config["TMA"] == 2)):
             raise ValueError(f"config uses TMA but {why}")
-        sms = device_sms()
-        self._launcher = Launcher(binary(expr, config, problem), grid(expr, config, sms), target)
+        self._launcher = Launcher(binary(expr, config, problem), grid(expr, config, current_sms()), target)
         self.compiled = self._launcher.compiled
         self._has_bias = expr.has_bias  # read on every launch: not a property walk each time
         self._scratch: tuple[Any, Any] | None = None
@@ -151,7 +146,7 @@ class Kernel:
         slots = tiles(self.expr, c) * self.expr.batch if split > 1 else 1
         ws = torch.empty(slots * split * c["BLOCK_M"] * c["BLOCK_N"] if split > 1 else 1, dtype=torch.float32,
                          device=device)
-        if c.get("TMA", 0) and not SETTINGS.interpret:
+        if c.get("TMA", 0) and not interpreted():
             use_torch_scratch()
         return ws, torch.zeros(slots, dtype=torch.int32, device=device)
 
@@ -160,19 +155,3 @@ class Kernel:
         """Shared memory the compiled binary needs (None under the interpreter)."""
         return self._launcher.shared_bytes
 
-
-def device_sms() -> int:
-    """SM count of the current GPU (a small number under the interpreter)."""
-    if SETTINGS.interpret:
-        return 4
-    import torch
-
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-
-
-def use_torch_scratch() -> None:
-    """Let kernels that build tensor descriptors on the device take their scratch from torch."""
-    import torch
-    import triton
-
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))

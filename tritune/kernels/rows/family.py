@@ -5,11 +5,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from tritune.kernels import rows_template
-from tritune.kernels.contraction import TOLERANCE, check_options, parse_dims, torch_dtype
-from tritune.kernels.expr import DTYPE_BYTES, ExprError
+from tritune.kernels.codegen import Binary
+from tritune.kernels.expr import DTYPE_BYTES, TOLERANCE, ExprError, check_options, parse_dims, torch_dtype
 from tritune.kernels.family import Family, Operands
-from tritune.kernels.rows import AWKWARD, LayerNorm, RowOp, Softmax  # noqa: F401  (AWKWARD: GPU checks)
+from tritune.kernels.rows.expr import AWKWARD, LayerNorm, RowOp, Softmax
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits, Space
 
@@ -17,7 +16,7 @@ from tritune.schedules.space import Limits, Space
 class RowFamily(Family):
     """y[m, :] = f(x[m, :]) over rows of an [M, N] tensor (any row strides), fp16/bf16/fp32."""
 
-    sources = ("rows.py", "rows_template.py")
+    sources = ("rows/expr.py", "rows/template.py")
 
     def __init__(self, expr_type: type[RowOp], options: tuple[str, ...] = ()) -> None:
         self.expr_type, self.op, self.options = expr_type, expr_type.op, options
@@ -29,6 +28,9 @@ class RowFamily(Family):
     @property
     def cli_help(self) -> str:
         return "--shape M,N (rows, row length)" + "".join(f"; --{o} X" for o in self.options)
+
+    def examples(self) -> tuple:
+        return tuple(e for e in AWKWARD if isinstance(e, self.expr_type))
 
     def from_cli(self, shape: str, dtype: str, options: dict[str, str]) -> RowOp:
         check_options(options, self.options, self.op)
@@ -53,7 +55,7 @@ class RowFamily(Family):
         return rows_space(expr.m, expr.n, DTYPE_BYTES[expr.dtype], limits)
 
     def features(self, expr: RowOp, limits: Limits, configs: Sequence[Config]) -> np.ndarray:
-        from tritune.cost_model.rows import features
+        from tritune.kernels.rows.features import features
 
         return features(expr, limits, configs)
 
@@ -61,18 +63,26 @@ class RowFamily(Family):
         """One row per program in 1024-element chunks: valid for any shape (replay's last resort)."""
         return Config.of(ROWS=1, BLOCK_N=1024, num_warps=4)
 
-    # ----- build and launch
-    def canonical_problem(self, expr: RowOp) -> rows_template.Problem:
-        return rows_template.canonical_problem(expr)
+    # ----- build and launch (the template module defines its kernels: it imports triton)
+    def canonical_problem(self, expr: RowOp) -> Any:
+        from tritune.kernels.rows import template
 
-    def problem_of(self, expr: RowOp, args: tuple) -> rows_template.Problem:
-        return rows_template.problem_of(expr, args)
+        return template.canonical_problem(expr)
 
-    def compile(self, expr: RowOp, config: Config, problem: rows_template.Problem, target: Any) -> Any:
-        return rows_template.binary(expr, config, problem).compile(target)
+    def problem_of(self, expr: RowOp, args: tuple) -> Any:
+        from tritune.kernels.rows import template
 
-    def kernel(self, expr: RowOp, config: Config, problem: rows_template.Problem) -> Callable[..., None]:
-        return rows_template.launcher(expr, config, problem)
+        return template.problem_of(expr, args)
+
+    def binary(self, expr: RowOp, config: Config, problem: Any) -> Binary:
+        from tritune.kernels.rows import template
+
+        return template.binary(expr, config, problem)
+
+    def launcher(self, expr: RowOp, config: Config, problem: Any) -> Callable[..., None]:
+        from tritune.kernels.rows import template
+
+        return template.launcher(expr, config, problem)
 
     # ----- semantics
     def inputs(self, expr: RowOp, seed: int, device: str) -> Operands:

@@ -55,10 +55,6 @@ class RowOp(Keyed):
         except TypeError as e:
             raise ExprError(f"bad {cls.op} workload spec: {e}") from None
 
-    def shape_distance(self, other: "RowOp") -> float:
-        """Distance in log2 space between two problem sizes (for nearest-shape fallback)."""
-        return math.hypot(math.log2(self.m / other.m), math.log2(self.n / other.n))
-
     def describe(self) -> str:
         """Short human form, e.g. 'softmax 4096x4096 fp16'."""
         extra = "".join(f" {k}={v:g}" for k, v in self.extra().items())

@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 
-from tritune.kernels import ops
-from tritune.kernels.build import Kernel, problem_of
-from tritune.kernels.expr import Matmul
+from tritune.kernels.contraction.expr import Matmul
+from tritune.kernels.contraction.launch import Kernel, problem_of
+from tritune.kernels.expr import torch_dtype
+from tritune.kernels.frontend import ops
 from tritune.schedules.config import Config
 
 _LIB = torch.library.Library("tritune", "DEF")
@@ -66,8 +67,6 @@ class Bound:
 
 
 def _meta(layout: list, expr: Matmul) -> Any:
-    from tritune.kernels.contraction import torch_dtype
-
     shape, strides, misalign = layout
     base = torch.empty_strided(shape, strides, dtype=torch_dtype(expr.dtype), device="meta")
     # an offset that keeps the layout but gives the data pointer the same alignment as the real operand

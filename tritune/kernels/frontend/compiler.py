@@ -15,9 +15,10 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
-from tritune.kernels import graph
-from tritune.kernels.device import device_info, device_key
-from tritune.kernels.extract import first_line
+from tritune.kernels.device import device_info
+from tritune.kernels.family import device_key
+from tritune.kernels.frontend import graph
+from tritune.kernels.frontend.extract import first_line
 from tritune.records import dispatch
 
 log = logging.getLogger("tritune.compiler")
@@ -83,7 +84,7 @@ class Backend:
         return self.fallback(aten, example_inputs)
 
     def _lookup(self, matches: list[graph.Match], index: int) -> list[tuple[graph.Match, Any]]:
-        history, device = self._history(), device_key(device_info(index))
+        history, device = self._history(), device_key(device_info(index), "matmul")
         hits, misses = [], Counter()
         for m in matches:
             config = None if history is None else history.best(m.expr.key, device)
@@ -100,7 +101,7 @@ class Backend:
 
     def _built(self, hits: list[tuple[graph.Match, Any]]) -> list[tuple[graph.Match, str]]:
         """(match, spec) of the hits whose kernel builds (now: compile time pays, not the first call)."""
-        from tritune.kernels import tuned_op
+        from tritune.kernels.frontend import tuned_op
 
         built = []
         for m, config in hits:
@@ -115,14 +116,14 @@ class Backend:
         return built
 
     def _history(self) -> dispatch.HistoryBest | None:
-        from tritune.kernels.ops import history_of
+        from tritune.kernels.frontend.ops import history_of
 
         return history_of(self.db)
 
 
 def rewrite(gm: fx.GraphModule, hits: list[tuple[graph.Match, str]]) -> None:
     """Replace each matched contraction and its fused epilogue by one call of the tuned op (its spec)."""
-    from tritune.kernels import tuned_op
+    from tritune.kernels.frontend import tuned_op
 
     g, replaced = gm.graph, {}
     for m, spec in hits:

@@ -1,0 +1,100 @@
+"""Every registered op family honours one contract, with no per-family code here: a new family
+(one folder under tritune/kernels, one schedule module, one registry line) is held to it at once.
+
+Its expressions round-trip through their stored form; bad input is an ExprError; under the
+interpreter its default config computes the float64 reference and a wrong kernel is caught; its
+eager PyTorch version agrees with the reference; its fault hook refuses unknown faults and accepts
+every known one (they misbehave on a GPU: see scripts/gpu_correctness.py --faults).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cases import run_case
+
+from tritune.kernels.expr import DTYPES, ExprError
+from tritune.kernels.family import REGISTRY, expr_from_dict, family
+from tritune.kernels.faults import FAULTS
+from tritune.tuner.measure import rel_error
+
+OPS = sorted(REGISTRY)
+
+
+def cpu_examples(op: str) -> list:
+    """The family's examples the interpreter can check (it computes bf16 dots wrongly: bf16 is proven on a GPU)."""
+    return [e for e in family(op).examples() if e.dtype != "bf16"]
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_examples_cover_every_dtype_and_round_trip(op):
+    examples = family(op).examples()
+    assert {e.dtype for e in examples} == set(DTYPES)
+    for expr in examples:
+        again = expr_from_dict(json.loads(expr.to_json()))
+        assert again == expr and again.key == expr.key and family(op).from_dict(expr.to_dict()) == expr
+    assert len({e.key for e in examples}) == len(examples)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_bad_input_is_one_expr_error(op):
+    fam = family(op)
+    spec = fam.examples()[0].to_dict()
+    with pytest.raises(ExprError, match="--shape"):
+        fam.from_cli("not-a-shape", "fp16", {})
+    with pytest.raises(ExprError, match="--bogus"):
+        fam.from_cli("4", "fp16", {"bogus": "1"})  # an option the op does not take is never ignored
+    with pytest.raises(ExprError, match="dtype"):
+        fam.from_dict({**spec, "dtype": "fp8"})
+    for name in (k for k, v in spec.items() if type(v) is int):
+        with pytest.raises(ExprError, match=name):
+            fam.from_dict({**spec, name: 0})
+    with pytest.raises(ExprError):
+        fam.from_dict({"op": spec["op"]})
+    with pytest.raises(ExprError, match="unknown op"):
+        expr_from_dict({**spec, "op": "no-such-op"})
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_the_default_config_computes_the_reference_and_a_wrong_kernel_is_caught(op):
+    fam = family(op)
+    for expr in cpu_examples(op):
+        err, tol = run_case(expr, fam.default_config(expr))
+        assert err <= tol, expr.describe()
+    expr = cpu_examples(op)[0]
+    err, tol = run_case(expr, fam.default_config(expr).replace(fault="wrong"))
+    assert err > tol
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_eager_torch_agrees_with_the_reference(op):
+    fam = family(op)
+    for expr in cpu_examples(op):
+        x = fam.inputs(expr, 0, "cpu")
+        got = fam.eager(expr, x)()
+        assert rel_error(got, fam.reference(expr, x.args)) <= fam.tolerance(expr), expr.describe()
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_the_fault_hook_refuses_unknown_faults_and_builds_known_ones(op):
+    fam = family(op)
+    expr = cpu_examples(op)[0]
+    config, problem = fam.default_config(expr), fam.canonical_problem(expr)
+    with pytest.raises(ValueError, match="unknown fault"):
+        fam.kernel(expr, config.replace(fault="segfault-please"), problem)
+    assert all(callable(fam.kernel(expr, config.replace(fault=f), problem)) for f in FAULTS)
+
+
+def test_the_fault_kernels_build_for_sm90():
+    code = ("from triton.backends.compiler import GPUTarget\nfrom triton.compiler import ASTSource\n"
+            "import triton\nfrom tritune.kernels import faults\nfrom tritune.kernels.codegen import load_source\n"
+            "for f in ('oob', 'hang'):\n"
+            "    fn = load_source(faults._SOURCE, 'tritune_fault_' + f)\n"
+            "    k = triton.compile(ASTSource(fn, {'P': '*fp16'}, {}), target=GPUTarget('cuda', 90, 32))\n"
+            "    print(f, len(k.asm['ptx']) > 0)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["oob", "True", "hang", "True"]

@@ -1,0 +1,49 @@
+"""What the cost model learns from: labels of measured results, a workload's training set, and a
+prior (other workloads' rows) for a warm start. Op-agnostic: each family featurizes its configs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from tritune.kernels.family import family
+from tritune.records.result import MeasureResult
+from tritune.schedules.space import Limits
+
+
+def labels(results: Sequence[MeasureResult]) -> np.ndarray:
+    """Relative throughput in [0, 1]: best median / median; failed configs are 0, the worst."""
+    times = [r.t_median for r in results if r.ok]
+    best = min(times) if times else 1.0
+    return np.array([best / r.t_median if r.ok else 0.0 for r in results], dtype=np.float32)
+
+
+def training_set(expr: Any, limits: Limits, results: Sequence[MeasureResult]) -> tuple[np.ndarray, np.ndarray]:
+    """Feature rows (the expression's family's features) and labels of one workload's measured results."""
+    return family(expr.op).features(expr, limits, [r.config for r in results]), labels(results)
+
+
+@dataclass(frozen=True)
+class Prior:
+    """Measurements of other workloads of the same op on the same device, for a warm start."""
+
+    X: np.ndarray
+    y: np.ndarray
+    groups: np.ndarray
+
+    @classmethod
+    def of(cls, expr: Any, limits: Limits, results: Sequence[MeasureResult]) -> "Prior":
+        """One workload's measured results as a prior of one group."""
+        X, y = training_set(expr, limits, results)
+        return cls(X, y, np.zeros(len(y), dtype=np.int64))
+
+    @staticmethod
+    def merge(*priors: "Prior | None") -> "Prior | None":
+        """One prior holding every given one's workloads as separate groups (None if none given)."""
+        given = [p for p in priors if p is not None and len(p.y)]
+        if not given:
+            return None
+        offsets = np.cumsum([0] + [int(p.groups.max()) + 1 for p in given[:-1]])
+        return Prior(np.concatenate([p.X for p in given]), np.concatenate([p.y for p in given]),
+                     np.concatenate([p.groups + o for p, o in zip(given, offsets)]))

@@ -1,0 +1,1 @@
+"""The contraction family: matmul and bmm in any layout, with fused epilogues."""

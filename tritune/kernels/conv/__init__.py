@@ -1,0 +1,1 @@
+"""The conv2d family: NHWC convolution as an implicit GEMM."""

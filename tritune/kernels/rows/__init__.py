@@ -1,0 +1,1 @@
+"""The row-reduction family: softmax and layernorm over the last dimension."""

@@ -1,0 +1,55 @@
+"""The warm start of a tuning run's cost model: measurements of the op's other workloads, from the
+database (this GPU) and from the recordings shipped with tritune (this GPU generation); never the
+workload being tuned (tuning it must search, not look up)."""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any
+
+from tritune.cost_model.dataset import Prior
+from tritune.kernels.family import expr_from_dict
+from tritune.records.database import Database
+from tritune.tuner.recorded import BUNDLED, Recording
+from tritune.tuner.tuner import Task
+
+PRIORS = ("all", "db", "none")
+
+
+def prior_for(db: Database, task: Task, which: str = "all") -> Prior | None:
+    """The cost-model prior for a task: the database's trials of the op's other workloads on this
+    GPU ("db"), plus the measurements shipped with tritune for this GPU generation ("all")."""
+    if which not in PRIORS:
+        raise ValueError(f"prior must be one of {PRIORS}, got {which!r}")
+    if which == "none":
+        return None
+    return Prior.merge(database_prior(db, task), bundled_prior(task) if which == "all" else None)
+
+
+def database_prior(db: Database, task: Task, min_trials: int = 8) -> Prior | None:
+    """Trials of the op's other workloads on this device, one group per workload (None if none)."""
+    parts = []
+    for key, _, _, spec in db.workloads(task.expr.op):
+        results = db.trials(key, task.device) if key != task.expr.key else []
+        if len(results) >= min_trials:
+            parts.append(Prior.of(expr_from_dict(json.loads(spec)), task.limits, results))
+    return Prior.merge(*parts)
+
+
+@lru_cache(maxsize=None)
+def _bundled_sets() -> tuple[tuple[Any, str, Prior], ...]:
+    """(workload, compute capability, prior) of each shipped recording, built once: every tuning
+    run and benchmark seed asks for them."""
+    out = []
+    for path in sorted(BUNDLED.glob("*.jsonl.gz")):
+        rec = Recording.load(path)
+        out.append((rec.expr, rec.device["capability"], Prior.of(rec.expr, rec.limits, rec.results())))
+    return tuple(out)
+
+
+def bundled_prior(task: Task) -> Prior | None:
+    """The shipped recordings of the task's op on GPUs of its compute capability, one group per
+    workload, never the task's own. None where nothing matches (another op, or another GPU generation)."""
+    return Prior.merge(*(prior for expr, capability, prior in _bundled_sets()
+                         if expr.op == task.expr.op and capability == task.device.capability
+                         and expr.key != task.expr.key))
