@@ -29,7 +29,7 @@ class FakeBuilder:
     def result(self, future, config):
         return future.result()
 
-    def close(self):
+    def close(self, now=False):
         pass
 
 

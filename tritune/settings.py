@@ -17,14 +17,18 @@ class Settings:
     db_path: Path
     kernel_dir: Path
     interpret: bool
+    # a module standing in for the GPU (its worker `handlers` and compile `build`), so that tests
+    # run whole `tune-cli` processes on machines without one; None on real hosts
+    fake_gpu: str | None = None
 
     @classmethod
     def from_env(cls) -> "Settings":
-        """Read TRITUNE_DB, TRITUNE_CACHE_DIR and TRITON_INTERPRET once."""
+        """Read TRITUNE_DB, TRITUNE_CACHE_DIR, TRITON_INTERPRET and TRITUNE_FAKE_GPU once."""
         cache = Path(os.environ.get("TRITUNE_CACHE_DIR") or _cache_home())
         db = Path(os.environ.get("TRITUNE_DB") or cache / "tuning.db")
         interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-        return cls(db_path=db.expanduser(), kernel_dir=cache.expanduser() / "kernels", interpret=interpret)
+        return cls(db_path=db.expanduser(), kernel_dir=cache.expanduser() / "kernels", interpret=interpret,
+                   fake_gpu=os.environ.get("TRITUNE_FAKE_GPU") or None)
 
 
 SETTINGS = Settings.from_env()

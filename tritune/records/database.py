@@ -5,11 +5,14 @@ No torch or triton here: the database is read by commands that must work without
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sqlite3
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence, TextIO
+from typing import Any, Iterable, Iterator, Sequence, TextIO
 
 import sqlite_utils
 
@@ -17,6 +20,7 @@ from tritune.records.result import DeviceKey, MeasureResult, Status
 from tritune.schedules.config import Config
 
 SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 60.0  # how long a write waits for other tuners' writes before it fails
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _TABLES = ("meta", "workloads", "devices", "trials")
 _TIMES = ("t_min", "t_p20", "t_median", "t_p80")
@@ -37,6 +41,14 @@ CREATE TABLE IF NOT EXISTS trials (
 CREATE UNIQUE INDEX IF NOT EXISTS trials_config ON trials (workload, device, config_key);
 CREATE INDEX IF NOT EXISTS trials_status ON trials (workload, device, status);
 INSERT OR IGNORE INTO meta (name, value) VALUES ('schema_version', '{SCHEMA_VERSION}');
+"""
+# Which tuner is measuring which config right now (rows live only while a measurement does), so
+# that tuners sharing a database never measure one config twice. Created on first use: commands
+# that only read never write, and older databases gain it without a migration.
+_CLAIMS = """
+CREATE TABLE IF NOT EXISTS claims (
+    workload TEXT NOT NULL, device TEXT NOT NULL, config_key TEXT NOT NULL,
+    owner TEXT NOT NULL, since REAL NOT NULL, PRIMARY KEY (workload, device, config_key))
 """
 
 # The best OK trial of every (workload, device), with the count of all its trials.
@@ -86,7 +98,7 @@ class Database:
         _check_file(self.path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite_utils.Database(sqlite3.connect(str(self.path)))
+            self._db = sqlite_utils.Database(sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S))
         except (OSError, sqlite3.Error) as exc:
             raise self._error(getattr(exc, "strerror", None) or str(exc)) from None
         try:
@@ -114,10 +126,15 @@ class Database:
         if tables:
             self._check_schema(tables)
         self._db.enable_wal()
+        # WAL with NORMAL sync: a killed process loses no committed trial; only an OS crash or power
+        # cut may lose the last few (never corrupting the file), and a commit costs no fsync
+        self._db.execute("PRAGMA synchronous = NORMAL")
         self._db.execute("PRAGMA foreign_keys = ON")
         if not tables:
-            with self._db.atomic():
-                self._db.executescript(_SCHEMA)
+            with self._write():
+                for statement in filter(str.strip, _SCHEMA.split(";")):
+                    self._db.conn.execute(statement)
+        self._claims_ready = False
 
     def _check_schema(self, tables: set[str]) -> None:
         if "meta" not in tables:
@@ -150,17 +167,68 @@ class Database:
         """SQLite's journal mode for this file ('wal' once opened)."""
         return self._db.journal_mode
 
+    @contextmanager
+    def _write(self) -> Iterator[None]:
+        """One write transaction, taken at once (waiting up to BUSY_TIMEOUT_S for other writers) and
+        committed or rolled back whole. A write SQLite refuses (a full disk, a read-only file) is one
+        DatabaseError line, and everything stored before stays as it was."""
+        conn = self._db.conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                conn.rollback()
+                raise
+            conn.commit()
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.rollback()
+            raise DatabaseError(f"cannot write to tuning database {self.path}: {exc}") from None
+
     def add_workload(self, key: str, op: str, dtype: str, spec_json: str) -> None:
         """Store a workload once; later calls with the same key change nothing."""
-        with self._db.atomic():
+        with self._write():
             self._add_workload(key, op, dtype, spec_json)
 
     def save(self, workload_key: str, device: DeviceKey, results: Sequence[MeasureResult]) -> int:
-        """Store new trials of a workload on a device in one transaction; returns how many were new."""
-        with self._db.atomic():
+        """Store new trials of a workload on a device in one transaction (and end their claims);
+        returns how many were new."""
+        with self._write():
             if not self._db.execute("SELECT 1 FROM workloads WHERE key = ?", [workload_key]).fetchone():
                 raise DatabaseError(f"unknown workload {workload_key!r} in {self.path}; add_workload() it first")
+            if self._claims_ready:
+                self._db.conn.executemany("DELETE FROM claims WHERE workload = ? AND device = ? AND config_key = ?",
+                                          [(workload_key, device.key, r.config.key) for r in results])
             return self._insert(workload_key, device, results)
+
+    def claim(self, workload_key: str, device: DeviceKey, config: Config, owner: str, stale_s: float = 600.0) -> bool:
+        """Take a config to measure: False when it is stored already, or when another live tuner holds
+        it (a claim of a dead process on this host, or older than `stale_s`, is taken over)."""
+        key = (workload_key, device.key, config.key)
+        where = "WHERE workload = ? AND device = ? AND config_key = ?"
+        with self._write():
+            if not self._claims_ready:
+                self._db.conn.execute(_CLAIMS)
+                self._claims_ready = True
+            if self._db.execute(f"SELECT 1 FROM trials {where}", key).fetchone():
+                return False
+            held = self._db.execute(f"SELECT owner, since FROM claims {where}", key).fetchone()
+            if held and held[0] != owner and held[1] > time.time() - stale_s and _alive(held[0]):
+                return False
+            self._db.execute("INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?, ?)", [*key, owner, time.time()])
+        return True
+
+    def release(self, owner: str) -> None:
+        """End every claim of a tuner (when it stops)."""
+        if self._claims_ready:
+            with self._write():
+                self._db.execute("DELETE FROM claims WHERE owner = ?", [owner])
+
+    def count(self, workload_key: str, device: DeviceKey) -> int:
+        """How many trials of a workload are stored for a device."""
+        sql = "SELECT COUNT(*) FROM trials WHERE workload = ? AND device = ?"
+        return self._db.execute(sql, [workload_key, device.key]).fetchone()[0]
 
     def _add_workload(self, key: str, op: str, dtype: str, spec_json: str) -> None:
         self._db.execute("INSERT OR IGNORE INTO workloads (key, op, dtype, spec, created) VALUES (?, ?, ?, ?, ?)",
@@ -220,7 +288,7 @@ class Database:
         """Add the trials of a JSONL export, all or nothing; returns how many were new."""
         parsed = [_parse_line(text, number) for number, text in enumerate(fp, 1) if text.strip()]
         n = 0
-        with self._db.atomic():
+        with self._write():
             for workload, device, result in parsed:
                 self._add_workload(*workload)
                 n += self._insert(workload[0], device, [result])
@@ -241,6 +309,25 @@ def _check_file(path: Path) -> None:
         raise DatabaseError(f"{prefix}: {exc.strerror}") from None
     if header and header != _SQLITE_MAGIC:  # an empty file is a valid, empty SQLite database
         raise DatabaseError(f"{prefix}: file is not a database")
+
+
+def owner_id() -> str:
+    """Who holds a claim: this host and process."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _alive(owner: str) -> bool:
+    """Whether a claim's owner may still run (a process of another host is taken to)."""
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _as_int(value: Any) -> int | None:

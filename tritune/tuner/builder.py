@@ -17,6 +17,7 @@ from tritune.kernels.family import family
 from tritune.records.result import Status
 from tritune.schedules.config import Config
 from tritune.tuner.failures import classify
+from tritune.tuner.lifeline import bind_to_parent
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,10 @@ class Builder:
         # what each future compiles, and in which pool, to retry it if that pool dies
         self._jobs: dict[Future, tuple[Any, Any, ProcessPoolExecutor]] = {}
 
-    def _new_pool(self) -> ProcessPoolExecutor:
+    def _new_pool(self, workers: int | None = None) -> ProcessPoolExecutor:
         # spawn: the parent may hold CUDA or thread state that a fork would copy
-        return ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+        return ProcessPoolExecutor(workers or self.workers, mp_context=mp.get_context("spawn"),
+                                   initializer=bind_to_parent, initargs=(os.getpid(),))
 
     def submit(self, expr: Any, problem: Any, configs: Sequence[Config]) -> list[Future]:
         """Start compiling each config; futures resolve to BuildResult."""
@@ -83,7 +85,7 @@ class Builder:
             if pool is self._pool:  # the first of its victims to be collected replaces the pool
                 self._pool.shutdown(wait=False, cancel_futures=True)
                 self._pool = self._new_pool()
-        alone = ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"))
+        alone = self._new_pool(1)
         try:
             return alone.submit(self.build, expr, config, problem, self.target, self.shared_limit).result()
         except BrokenProcessPool as exc:
@@ -91,6 +93,18 @@ class Builder:
         finally:
             alone.shutdown(wait=False, cancel_futures=True)
 
-    def close(self) -> None:
-        """Shut the pool down."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+    def close(self, now: bool = False) -> None:
+        """Shut the pool down: after the compiles in flight, or (`now`: the run was interrupted) at once."""
+        if now:
+            _kill(self._pool)
+        self._pool.shutdown(wait=not now, cancel_futures=True)
+
+
+def _kill(pool: ProcessPoolExecutor) -> None:
+    """End a pool's processes now (they would otherwise finish their compiles before the parent exits)."""
+    terminate = getattr(pool, "terminate_workers", None)  # Python >= 3.14
+    if terminate is not None:
+        terminate()
+        return
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        proc.kill()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -17,6 +18,7 @@ from tritune.search import REGISTRY
 from tritune.settings import SETTINGS
 
 EXIT_USAGE, EXIT_NO_GPU = 2, 3
+EXIT_SIGINT, EXIT_SIGTERM = 130, 143  # 128 + the signal, as shells report them
 
 
 class UsageError(click.ClickException):
@@ -48,8 +50,18 @@ def open_db(path: str | None, must_exist: bool = False) -> Database:
         raise UsageError(str(exc)) from None
 
 
+class Terminated(BaseException):
+    """SIGTERM (timeout, systemd, Kubernetes, Slurm): stop as Ctrl-C stops."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
 def require_gpu() -> None:
-    """Exit with one line when no CUDA GPU is visible."""
+    """Exit with one line when no CUDA GPU is visible (a stand-in GPU for tests counts as one)."""
+    if SETTINGS.fake_gpu:
+        return
     import torch
 
     if not torch.cuda.is_available():
@@ -215,15 +227,27 @@ def report(op, out_dir, min_trials, folds, db_path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the CLI, turning usage errors into one line and exit code 2."""
+    """Entry point: run the CLI, turning usage errors into one line and exit code 2. SIGINT and
+    SIGTERM stop a run at once (every measured trial is already stored; the children are stopped
+    on the way out) with exit codes 130 and 143."""
     warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION.*")
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    stored = "every measured trial is stored, a rerun resumes"
     try:
         cli.main(args=argv, prog_name="tune-cli", standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt):
-        click.echo("tune-cli: interrupted; every finished batch is stored, a rerun resumes", err=True)
-        sys.exit(130)
+        click.echo(f"tune-cli: interrupted (SIGINT); {stored}", err=True)
+        sys.exit(EXIT_SIGINT)
+    except Terminated:
+        click.echo(f"tune-cli: terminated (SIGTERM); {stored}", err=True)
+        sys.exit(EXIT_SIGTERM)
+    except DatabaseError as exc:  # a write refused mid-run: a full disk, a read-only file
+        click.echo(f"tune-cli: {exc}; the run stopped, the trials stored before are kept", err=True)
+        sys.exit(EXIT_USAGE)
     except click.ClickException as exc:
         click.echo(f"tune-cli: {exc.format_message()}", err=True)
         sys.exit(EXIT_USAGE)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    finally:
+        signal.signal(signal.SIGTERM, previous)

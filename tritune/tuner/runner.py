@@ -6,12 +6,14 @@ the crash (or its own timeout), records CRASH/TIMEOUT, and starts a fresh worker
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import time
 from typing import Any, Callable
 
 from tritune.records.result import MeasureResult, Status
 from tritune.schedules.config import Config
 from tritune.tuner.failures import classify
+from tritune.tuner.lifeline import bind_to_parent
 from tritune.tuner.measure import Timing
 
 STARTUP_TIMEOUT_S = 120.0
@@ -34,8 +36,9 @@ def gpu_handlers(timing: Timing) -> dict[str, Callable[[dict], Any]]:
     }
 
 
-def _serve(conn: Any, make_handlers: Callable[[Timing], dict], timing: Timing) -> None:
-    """Worker loop: answer requests until told to stop, or until a fatal CUDA error."""
+def _serve(conn: Any, make_handlers: Callable[[Timing], dict], timing: Timing, parent: int) -> None:
+    """Worker loop: answer requests until told to stop, until a fatal CUDA error, or until the parent dies."""
+    bind_to_parent(parent)
     handlers = make_handlers(timing)
     while True:
         try:
@@ -82,7 +85,8 @@ class Runner:
     def _start(self) -> None:
         self._starts += 1
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_serve, args=(child, self._handlers, self.timing), daemon=True)
+        self._proc = self._ctx.Process(target=_serve, args=(child, self._handlers, self.timing, os.getpid()),
+                                       daemon=True)
         self._proc.start()
         child.close()
         self._conn = parent
@@ -158,9 +162,9 @@ class Runner:
             raise RuntimeError(data["message"])
         return data
 
-    def close(self) -> None:
-        """Stop the worker."""
-        if self._proc is not None and self._proc.is_alive():
+    def close(self, now: bool = False) -> None:
+        """Stop the worker: let it finish its request, or (`now`: the run was interrupted) kill it."""
+        if not now and self._proc is not None and self._proc.is_alive():
             try:
                 self._conn.send(("stop", {}))
                 self._proc.join(10)
@@ -171,5 +175,5 @@ class Runner:
     def __enter__(self) -> "Runner":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, kind: Any, *exc: Any) -> None:
+        self.close(now=kind is not None)

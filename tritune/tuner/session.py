@@ -2,6 +2,7 @@
 with torch, report."""
 from __future__ import annotations
 
+import importlib
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -11,6 +12,7 @@ from tritune.kernels.family import device_key
 from tritune.records.database import Database
 from tritune.schedules.space import Limits
 from tritune.search import make_strategy
+from tritune.settings import SETTINGS
 from tritune.tuner import display
 from tritune.tuner.builder import Builder
 from tritune.tuner.measure import Timing
@@ -51,21 +53,32 @@ def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
     """Start the GPU worker, read its device, and start a compile pool for that device's target."""
     from triton.backends.compiler import GPUTarget
 
-    runner = Runner(timing, timeout_s=timeout_s, seed=seed)
-    info = runner.device_info()
-    major, minor = (int(x) for x in info["capability"].split("."))
-    return runner, Builder(GPUTarget("cuda", major * 10 + minor, 32), device_limits(info).shared_bytes, workers)
+    fake = importlib.import_module(SETTINGS.fake_gpu) if SETTINGS.fake_gpu else None
+    runner = Runner(timing, timeout_s=timeout_s, seed=seed, **({"handlers": fake.handlers} if fake else {}))
+    try:
+        info = runner.device_info()
+        major, minor = (int(x) for x in info["capability"].split("."))
+        builder = Builder(GPUTarget("cuda", major * 10 + minor, 32), device_limits(info).shared_bytes, workers)
+    except BaseException:
+        runner.close(now=True)
+        raise
+    if fake:
+        builder.build = fake.build
+    return runner, builder
 
 
 @contextmanager
 def gpu_session(options: TuneOptions) -> Iterator[tuple[Runner, Builder]]:
-    """One GPU worker and compile pool, for tuning one workload or several in turn."""
+    """One GPU worker and compile pool, for tuning one workload or several in turn; both are
+    stopped at the end, at once if the run was interrupted or failed."""
     runner, builder = start_gpu(timeout_s=options.timeout_s, seed=options.seed, workers=options.workers)
-    with runner:
-        try:
-            yield runner, builder
-        finally:
-            builder.close()
+    interrupted = True
+    try:
+        yield runner, builder
+        interrupted = False
+    finally:
+        builder.close(now=interrupted)
+        runner.close(now=interrupted)
 
 
 def tune_all(exprs: Sequence[Any], db: Database, options: TuneOptions, trials: Sequence[int] | None = None,

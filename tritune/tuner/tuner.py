@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from tritune.kernels.family import Family, family
-from tritune.records.database import Database
+from tritune.records.database import Database, DatabaseError, owner_id
 from tritune.records.result import DeviceKey, MeasureResult
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits, Space
@@ -51,7 +51,9 @@ def best_of(results: Sequence[MeasureResult]) -> MeasureResult | None:
 
 
 class Tuner:
-    """Runs a strategy against a builder and runner, storing every batch in the database."""
+    """Runs a strategy against a builder and runner, storing every trial in the database as soon as
+    it is measured (a kill loses only the one in flight). Tuners sharing a database take each
+    config before measuring it (`Database.claim`) and learn from each other's trials."""
 
     def __init__(self, task: Task, strategy: Strategy, builder: Builder, runner: Runner, db: Database,
                  batch_size: int = 32, early_stop: int | None = None, faults: Sequence[str] = (),
@@ -61,6 +63,7 @@ class Tuner:
         self.faults = list(faults)  # test hook: the first candidates are built broken
         self.on_result = on_result or (lambda r: None)
         self.stored: list[MeasureResult] = []
+        self.owner = owner_id()
 
     def run(self, trials: int) -> list[MeasureResult]:
         """Measure until the database holds `trials` for this task (resuming), or search stops."""
@@ -69,30 +72,52 @@ class Tuner:
         self.stored = self.db.trials(expr.key, device)
         self.strategy.update(self.stored)
         history = list(self.stored)
-        while len(history) < trials and not self._stalled(history):
-            batch = min(self.batch_size, self.strategy.round_size or self.batch_size)
-            configs = self.strategy.propose(min(batch, trials - len(history)))
-            if not configs:
-                break  # the space is exhausted
-            results = self._measure(self._inject(configs))
-            self.db.save(expr.key, device, results)  # one transaction per batch
-            self.strategy.update(results)
-            history.extend(results)
+        try:
+            while len(history) < trials and not self._stalled(history):
+                batch = min(self.batch_size, self.strategy.round_size or self.batch_size)
+                configs = self.strategy.propose(min(batch, trials - len(history)))
+                if not configs:
+                    break  # the space is exhausted
+                results = self._measure(self._inject(configs))
+                self.strategy.update(results)
+                history.extend(results)
+                history.extend(self._stored_elsewhere(history))
+        finally:
+            self._release()
         return history
 
+    def _release(self) -> None:
+        try:
+            self.db.release(self.owner)
+        except DatabaseError:  # a full disk: claims of a process that is gone are taken over anyway
+            pass
+
     def _measure(self, configs: list[Config]) -> list[MeasureResult]:
-        expr = self.task.expr
+        expr, device = self.task.expr, self.task.device
         futures = self.builder.submit(expr, self.task.family.canonical_problem(expr), configs)
         results = []
         for config, future in zip(configs, futures):  # measured in order while later ones compile
             built = self.builder.result(future, config)
+            if not self.db.claim(expr.key, device, config, self.owner):
+                continue  # stored already, or another tuner is measuring it
             if built.status is not None:
                 result = MeasureResult(config, built.status, compile_s=built.compile_s, message=built.message)
             else:
                 result = self.runner.measure(expr, config, built.compile_s)
+            self.db.save(expr.key, device, [result])  # at once: a kill loses only the trial in flight
             self.on_result(result)
             results.append(result)
         return results
+
+    def _stored_elsewhere(self, history: list[MeasureResult]) -> list[MeasureResult]:
+        """Trials that other tuners stored for this task meanwhile (the strategy learns from them too)."""
+        expr, device = self.task.expr, self.task.device
+        if self.db.count(expr.key, device) <= len(history):
+            return []
+        known = {r.config for r in history}
+        fresh = [r for r in self.db.trials(expr.key, device) if r.config not in known]
+        self.strategy.update(fresh)
+        return fresh
 
     def _inject(self, configs: list[Config]) -> list[Config]:
         injected = [c.replace(fault=f) for c, f in zip(configs, self.faults)]

@@ -1,0 +1,137 @@
+"""Kill `tune-cli run` at any moment: real processes on a stand-in GPU (tests/fake_gpu.py), stopped
+by SIGKILL, SIGTERM and SIGINT; a full disk and a read-only database; four tuners on one database."""
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+import fake_worker
+from fakes import FakeBuilder
+from tritune.records.database import Database
+from tritune.tuner import session
+from tritune.tuner.runner import Runner
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+import kill_test  # noqa: E402
+
+TESTS = Path(__file__).parent
+
+
+def tune(trials: int, *extra: str) -> list[str]:
+    """`tune-cli run` arguments: a convolution (its space of 5,496 configs is built in well under a second)."""
+    return ["run", "--op", "conv2d", "--shape", "8,28,28,64,64,3,3", "--padding", "1", "--trials", str(trials),
+            "--strategy", "random", "--batch-size", "16", *extra]
+
+
+RUN = tune(5000)  # more than 20 short runs measure: every run ends by its stop
+
+
+@pytest.fixture
+def fake_gpu(tmp_path, monkeypatch):
+    """Whole tune-cli processes on the stand-in GPU, which logs what it measures."""
+    path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
+    monkeypatch.setenv("PYTHONPATH", path)
+    monkeypatch.setenv("TRITUNE_FAKE_GPU", "fake_gpu")
+    monkeypatch.setenv("FAKE_GPU_LOG", str(tmp_path / "measured.log"))
+    monkeypatch.setenv("FAKE_GPU_MS", "15")
+    return tmp_path / "t.db"
+
+
+def test_sigkill_at_20_random_moments_loses_only_the_trial_in_flight(fake_gpu):
+    rng = random.Random(0)
+    stops = [kill_test.run(RUN, fake_gpu, rng.uniform(0.5, 6.0)) for _ in range(20)]
+    for stop in stops:
+        assert stop["exit"] == -signal.SIGKILL and stop["integrity"] == "ok", stop
+        assert stop["orphans"] == 0 and stop["lost"] <= 1 and stop["remeasured"] == 0, stop
+    assert sum(s["stored"] for s in stops) > 100  # the kills came while trials were being measured
+    rest = kill_test.run(tune(stops[-1]["total"] + 40), fake_gpu, None)
+    assert rest["exit"] == 0 and rest["stored"] == 40 and rest["remeasured"] == 0, rest
+
+
+@pytest.mark.parametrize("sig, code, word", [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "SIGINT")])
+def test_sigterm_and_sigint_store_what_was_measured_and_stop_the_children(fake_gpu, sig, code, word):
+    stop = kill_test.run(RUN, fake_gpu, 5.0, sig)
+    assert stop["exit"] == code and stop["last_line"].startswith("tune-cli: ") and word in stop["last_line"]
+    assert stop["integrity"] == "ok" and stop["orphans"] == 0 and stop["stored"] > 0 and stop["lost"] <= 1
+
+
+def test_four_tuners_on_one_database_measure_nothing_twice(fake_gpu):
+    # two of them with the same seed: they propose the same configs in the same order
+    base = [*tune(200, "--batch-size", "8"), "--db", str(fake_gpu)]
+    env = dict(os.environ)
+    procs = [subprocess.Popen([sys.executable, "-m", "tritune", *base, "--seed", str(seed)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for seed in (0, 0, 1, 2)]
+    errors = [p.communicate(timeout=600)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], errors
+    assert not any("locked" in e for e in errors)
+    measured = Path(os.environ["FAKE_GPU_LOG"]).read_text().split()
+    assert len(measured) == len(set(measured))  # no config measured twice
+    assert kill_test.integrity(fake_gpu) == "ok" and kill_test.stored_keys(fake_gpu) == set(measured)
+    assert 200 <= len(measured) <= 200 + 4 * 8  # the budget, plus what was in the others' rounds
+
+
+@pytest.fixture
+def fake_session(monkeypatch):
+    monkeypatch.setattr(session, "Runner", partial(Runner, handlers=fake_worker.session_handlers))
+    monkeypatch.setattr(session, "Builder", lambda *args, **kwargs: FakeBuilder())
+    monkeypatch.setattr("tritune.tuner.cli.require_gpu", lambda: None)
+
+
+@pytest.mark.parametrize("refuse, words", [
+    ("PRAGMA max_page_count = {pages}", "database or disk is full"),  # what a full disk looks like to SQLite
+    ("PRAGMA query_only = 1", "readonly"),  # a read-only file (chmod does not stop root, who runs CI)
+])
+def test_a_refused_write_stops_the_run_with_one_line_and_keeps_what_was_stored(
+        fake_session, monkeypatch, tmp_path, capsys, refuse, words):
+    from tritune.tuner.cli import main
+
+    db_path = tmp_path / "t.db"
+    main([*tune(40), "--db", str(db_path)])
+    capsys.readouterr()
+
+    class Refusing(Database):
+        def __init__(self, path):
+            super().__init__(path)
+            pages = self._db.execute("PRAGMA page_count").fetchone()[0]
+            self._db.execute(refuse.format(pages=pages + 1))
+
+    monkeypatch.setattr("tritune.tuner.cli.Database", Refusing)
+    with pytest.raises(SystemExit) as info:
+        main([*tune(400), "--db", str(db_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and words in err[-1] and err[-1].startswith("tune-cli: cannot write")
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert 40 <= conn.execute("SELECT COUNT(*) FROM trials").fetchone()[0] < 400
+
+
+def test_children_end_with_their_parent(tmp_path):
+    """A parent killed with SIGKILL takes its compile pool and GPU worker along (parent-death signal)."""
+    code = ("import os, sys, time\nsys.path.insert(0, %r)\nimport fake_worker\n"
+            "from tritune.tuner.builder import Builder\nfrom tritune.tuner.runner import Runner\n"
+            "r = Runner(handlers=fake_worker.handlers); r.device_info()\n"
+            "b = Builder(None, workers=2); b._pool.submit(time.sleep, 0).result()\n"
+            "print(r._proc.pid, *b._pool._processes, flush=True); time.sleep(60)\n") % str(TESTS)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    children = [int(p) for p in proc.stdout.readline().split()]
+    assert len(children) >= 2  # the GPU worker and at least one pool process
+    proc.kill()
+    proc.wait()
+    deadline = time.time() + 5
+    while any(_alive(pid) for pid in children) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in children)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
