@@ -51,6 +51,11 @@ class Family(ABC):
     # files under tritune/kernels that shape this family's binaries: their hash is part of the
     # device key, so editing any of them retires stored records (conservative by design)
     sources: ClassVar[tuple[str, ...]] = ()
+    # the module that specialises and launches the family's kernels; it defines
+    # canonical_problem(expr), problem_of(expr, *args), binary(expr, config, problem) and
+    # launcher(expr, config, problem). Imported on first use: a template may define its kernels
+    # with triton at import, which the CLI's start does without
+    launch_module: ClassVar[str]
 
     def template_hash(self) -> str:
         """Hash of the sources of this family's kernels (and the shared codegen)."""
@@ -97,21 +102,24 @@ class Family(ABC):
         """A config that is valid for any expression of the op (replay's last resort)."""
 
     # ----- build and launch
-    @abstractmethod
     def canonical_problem(self, expr: Any) -> Any:
         """The launch facts (ints, alignment) of freshly allocated operands: what the builder builds for."""
+        return self._launch().canonical_problem(expr)
 
-    @abstractmethod
     def problem_of(self, expr: Any, args: tuple) -> Any:
         """The launch facts of concrete tensors (in kernel argument order)."""
+        return self._launch().problem_of(expr, *args)
 
-    @abstractmethod
     def binary(self, expr: Any, config: Config, problem: Any) -> Binary:
         """What one candidate's binary is built from."""
+        return self._launch().binary(expr, config, problem)
 
-    @abstractmethod
     def launcher(self, expr: Any, config: Config, problem: Any) -> Callable[..., None]:
         """The candidate bound to one problem: call it with the operands' args to run once."""
+        return self._launch().launcher(expr, config, problem)
+
+    def _launch(self) -> Any:
+        return importlib.import_module(self.launch_module)
 
     def compile(self, expr: Any, config: Config, problem: Any, target: Any) -> Any:
         """Compile one candidate for a target without a GPU; returns Triton's CompiledKernel."""

@@ -5,7 +5,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from tritune.kernels.codegen import Binary
 from tritune.kernels.contraction import launch
 from tritune.kernels.contraction.expr import AWKWARD, Matmul
 from tritune.kernels.epilogue import parse_epilogue
@@ -22,6 +21,7 @@ class ContractionFamily(Family):
 
     baseline = "torch (cuBLAS)"
     sources = ("contraction/expr.py", "contraction/template.py", "contraction/launch.py")
+    launch_module = "tritune.kernels.contraction.launch"
 
     def __init__(self, op: str, batched: bool) -> None:
         self.op, self.batched = op, batched
@@ -67,19 +67,6 @@ class ContractionFamily(Family):
 
     def default_config(self, expr: Matmul) -> Config:
         return launch.DEFAULT
-
-    # ----- build and launch
-    def canonical_problem(self, expr: Matmul) -> launch.Problem:
-        return launch.canonical_problem(expr)
-
-    def problem_of(self, expr: Matmul, args: tuple) -> launch.Problem:
-        return launch.problem_of(expr, *args)
-
-    def binary(self, expr: Matmul, config: Config, problem: launch.Problem) -> Binary:
-        return launch.binary(expr, config, problem)
-
-    def launcher(self, expr: Matmul, config: Config, problem: launch.Problem) -> launch.Kernel:
-        return launch.Kernel(expr, config, problem)
 
     # ----- semantics
     def inputs(self, expr: Matmul, seed: int, device: str) -> Operands:

@@ -116,6 +116,11 @@ def grid(expr: Matmul, config: Config, sms: int) -> tuple[int, int, int]:
     return (tiles(expr, config), expr.batch, config.get("SPLIT_K", 1))
 
 
+def launcher(expr: Matmul, config: Config, problem: Problem, target: Any = None) -> "Kernel":
+    """The candidate bound to one problem: call it with (a, b, out[, bias]) to launch once."""
+    return Kernel(expr, config, problem, target)
+
+
 class Kernel:
     """One candidate bound to one problem; call it with tensors (a, b, out[, bias]) to launch.
 

@@ -5,8 +5,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from tritune.kernels.codegen import Binary
-from tritune.kernels.conv import template
 from tritune.kernels.conv.expr import AWKWARD, Conv2d
 from tritune.kernels.epilogue import parse_epilogue
 from tritune.kernels.expr import DTYPE_BYTES, TOLERANCE, ExprError, check_dtype, check_options, parse_dims, torch_dtype
@@ -32,6 +30,7 @@ class Conv2dFamily(Family):
     op = "conv2d"
     baseline = "torch (cuDNN, channels_last)"
     sources = ("conv/expr.py", "conv/template.py")
+    launch_module = "tritune.kernels.conv.template"
 
     def from_dict(self, spec: dict) -> Conv2d:
         return Conv2d.from_dict(spec)
@@ -69,19 +68,6 @@ class Conv2dFamily(Family):
     def default_config(self, expr: Conv2d) -> Config:
         return Config.of(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32 if expr.c % 32 == 0 else 16, GROUP_M=8,
                          num_warps=4, num_stages=3, UNROLL=1)
-
-    # ----- build and launch
-    def canonical_problem(self, expr: Conv2d) -> template.Problem:
-        return template.canonical_problem(expr)
-
-    def problem_of(self, expr: Conv2d, args: tuple) -> template.Problem:
-        return template.problem_of(expr, *args)
-
-    def binary(self, expr: Conv2d, config: Config, problem: template.Problem) -> Binary:
-        return template.binary(expr, config, problem)
-
-    def launcher(self, expr: Conv2d, config: Config, problem: template.Problem) -> Callable[..., None]:
-        return template.launcher(expr, config, problem)
 
     # ----- semantics
     def inputs(self, expr: Conv2d, seed: int, device: str) -> Operands:

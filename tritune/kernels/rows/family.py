@@ -5,7 +5,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from tritune.kernels.codegen import Binary
 from tritune.kernels.expr import DTYPE_BYTES, TOLERANCE, ExprError, check_options, parse_dims, torch_dtype
 from tritune.kernels.family import Family, Operands
 from tritune.kernels.rows.expr import AWKWARD, LayerNorm, RowOp, Softmax
@@ -17,6 +16,7 @@ class RowFamily(Family):
     """y[m, :] = f(x[m, :]) over rows of an [M, N] tensor (any row strides), fp16/bf16/fp32."""
 
     sources = ("rows/expr.py", "rows/template.py")
+    launch_module = "tritune.kernels.rows.template"
 
     def __init__(self, expr_type: type[RowOp], options: tuple[str, ...] = ()) -> None:
         self.expr_type, self.op, self.options = expr_type, expr_type.op, options
@@ -62,27 +62,6 @@ class RowFamily(Family):
     def default_config(self, expr: RowOp) -> Config:
         """One row per program in 1024-element chunks: valid for any shape (replay's last resort)."""
         return Config.of(ROWS=1, BLOCK_N=1024, num_warps=4)
-
-    # ----- build and launch (the template module defines its kernels: it imports triton)
-    def canonical_problem(self, expr: RowOp) -> Any:
-        from tritune.kernels.rows import template
-
-        return template.canonical_problem(expr)
-
-    def problem_of(self, expr: RowOp, args: tuple) -> Any:
-        from tritune.kernels.rows import template
-
-        return template.problem_of(expr, args)
-
-    def binary(self, expr: RowOp, config: Config, problem: Any) -> Binary:
-        from tritune.kernels.rows import template
-
-        return template.binary(expr, config, problem)
-
-    def launcher(self, expr: RowOp, config: Config, problem: Any) -> Callable[..., None]:
-        from tritune.kernels.rows import template
-
-        return template.launcher(expr, config, problem)
 
     # ----- semantics
     def inputs(self, expr: RowOp, seed: int, device: str) -> Operands:

@@ -138,7 +138,7 @@ def canonical_problem(expr: RowOp) -> Problem:
     return Problem((expr.m, expr.n, expr.n, 1, expr.n, 1, *vectors), (True,) * len(pointer_names(expr)))
 
 
-def problem_of(expr: RowOp, args: tuple) -> Problem:
+def problem_of(expr: RowOp, *args: Any) -> Problem:
     """The problem of concrete tensors in kernel order: 2-D x and y, 1-D weight and bias (any strides)."""
     x, y = args[0], args[-1]
     vectors = tuple(v.stride(0) for v in args[1:-1])
