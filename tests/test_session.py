@@ -44,3 +44,30 @@ def test_tune_all_shares_one_gpu_session_and_skips_an_empty_space(monkeypatch, t
     assert started == [1]
     assert out[0]["trials"] == 8 and out[0]["best_config"] is not None
     assert out[1] == {"workload": exprs[1].to_dict(), "trials": 0, "best_config": None, "space_valid": 0}
+
+
+def test_the_summary_says_where_the_time_went(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(session, "Runner", partial(Runner, handlers=fake_worker.session_handlers))
+    monkeypatch.setattr(session, "Builder", lambda *args, **kwargs: FakeBuilder())
+    monkeypatch.setattr("tritune.tuner.cli.require_gpu", lambda: None)
+    summary = tmp_path / "s.json"
+    main(["run", "--shape", "512,256,1024", "--trials", "16", "--db", str(tmp_path / "t.db"),
+          "--summary-json", str(summary), "--verbose"])
+    times = json.loads(summary.read_text())["time"]
+    assert "where the time went" in capsys.readouterr().out
+    assert times["wall"] > 0 and 0 <= times["GPU busy fraction"] <= 1
+    parts = ("waiting for compiles", "worker start and requests", "correctness check (GPU worker)",
+             "timing (GPU worker)", "model fit", "proposal (search over the model)", "learning from results",
+             "database", "outside the loop (space, prior, head-to-head)")
+    assert all(times[p] >= 0 for p in parts) and abs(sum(times[p] for p in parts) - times["wall"]) <= 0.5
+
+
+def test_breakdown_arithmetic():
+    from tritune.tuner.breakdown import summary
+
+    times = summary(10.0, {"propose": 2.0, "fit": 1.5, "learn": 0.5, "compile_wait": 1.0, "measure": 4.0,
+                           "store": 0.5}, {"check": 1.0, "timing": 2.0}, {"compile": 16.0}, 4)
+    assert times["model fit"] == 1.5 and times["proposal (search over the model)"] == 0.5
+    assert times["worker start and requests"] == 1.0 and times["GPU idle"] == 7.0
+    assert times["outside the loop (space, prior, head-to-head)"] == 2.0
+    assert times["GPU busy fraction"] == 0.3 and times["compile pool busy fraction"] == 0.4

@@ -9,6 +9,7 @@ and own trials outvote it where they disagree.
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -38,6 +39,7 @@ class ModelBasedStrategy(Strategy):
         self._cache: dict[Config, np.ndarray] = {}
         self._margins: dict[Config, float] = {}  # the prior model's score of each config
         self._fitted_on = -1
+        self.fit_s = 0.0  # seconds spent fitting models (a tuning run reports it)
 
     @property
     def round_size(self) -> int:
@@ -68,6 +70,13 @@ class ModelBasedStrategy(Strategy):
     def _fit(self) -> bool:
         """Refit on this workload's trials when there is news (the prior model is fitted once,
         first); False while there is too little to rank by."""
+        start = time.perf_counter()
+        try:
+            return self._refit()
+        finally:
+            self.fit_s += time.perf_counter() - start
+
+    def _refit(self) -> bool:
         own = self.results
         if self.prior is not None and self._fitted_on < 0:
             self.prior_model.fit(self.prior.X, self.prior.y, self.prior.groups)

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 from tritune.kernels.family import family
 from tritune.records.result import Status
 from tritune.schedules.config import Config
+from tritune.tuner.breakdown import Stopwatch
 from tritune.tuner.failures import classify
 from tritune.tuner.lifeline import bind_to_parent
 
@@ -58,6 +59,7 @@ class Builder:
         self._pool = self._new_pool()
         # what each future compiles, and in which pool, to retry it if that pool dies
         self._jobs: dict[Future, tuple[Any, Any, ProcessPoolExecutor]] = {}
+        self.watch = Stopwatch()  # compile seconds spent in the pool's processes
 
     def _new_pool(self, workers: int | None = None) -> ProcessPoolExecutor:
         # spawn: the parent may hold CUDA or thread state that a fork would copy
@@ -80,7 +82,9 @@ class Builder:
         """
         expr, problem, pool = self._jobs.pop(future)
         try:
-            return future.result()
+            built = future.result()
+            self.watch.add("compile", built.compile_s)
+            return built
         except BrokenProcessPool:
             if pool is self._pool:  # the first of its victims to be collected replaces the pool
                 self._pool.shutdown(wait=False, cancel_futures=True)

@@ -100,10 +100,11 @@ db_option = click.option("--db", "db_path", default=None, help=f"tuning database
 @click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(1), help="seconds before a candidate counts as hung")
 @click.option("--workers", default=None, type=click.IntRange(1), help="compile processes [default: one per core]")
 @click.option("--summary-json", default=None, type=click.Path(dir_okay=False), help="also write the final numbers here")
+@click.option("--verbose", is_flag=True, help="also show where the run's time went (it is in --summary-json too)")
 @click.option("--inject-fault", "faults", multiple=True, type=click.Choice(FAULTS), hidden=True)
 @db_option
 def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, trials, strategy, seed, prior, batch_size,
-        early_stop, timeout, workers, summary_json, faults, db_path) -> None:
+        early_stop, timeout, workers, summary_json, verbose, faults, db_path) -> None:
     """Tune one workload on this GPU and store every trial."""
     from tritune.tuner.runner import WorkerDied
     from tritune.tuner.session import TuneOptions, tune
@@ -116,7 +117,7 @@ def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, tria
         open_db(db_path, must_exist=True).close()  # a bad file is reported before anything else
     require_gpu()
     db = open_db(db_path)
-    options = TuneOptions(trials, strategy, seed, batch_size, early_stop, timeout, workers, tuple(faults), prior)
+    options = TuneOptions(trials, strategy, seed, batch_size, early_stop, timeout, workers, tuple(faults), prior, verbose)
     try:
         summary = tune(expr, db, options)
     except WorkerDied as exc:  # the GPU worker could not even start: nothing to tune with

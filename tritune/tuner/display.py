@@ -56,6 +56,19 @@ def summary_table(expr: Any, best: MeasureResult, h2h: dict, gpu: str) -> Table:
     return table
 
 
+def time_table(times: dict) -> Table:
+    """Where a run's time went (`tritune.tuner.breakdown.summary`), as seconds and shares of the wall time."""
+    table = Table(title="where the time went")
+    for col in ("", "seconds", "of wall"):
+        table.add_column(col, justify="left" if not col else "right")
+    for name, value in times.items():
+        if "fraction" in name:
+            table.add_row(name, "", f"{value:.0%}")
+        else:
+            table.add_row(name, f"{value:.1f}", f"{value / times['wall']:.0%}" if times["wall"] else "")
+    return table
+
+
 def best_table(rows: Sequence) -> Table:
     """`tune-cli best`: one row per workload and device."""
     table = Table(title="best stored configs")

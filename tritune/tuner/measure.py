@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -52,16 +53,20 @@ def measure_candidate(expr: Any, config: Config, seed: int, timing: Timing) -> d
     """Build (a cache hit after the builder), check against float64, then time one candidate."""
     import torch
 
+    start = time.perf_counter()
     fam = family(expr.op)
     x = fam.inputs(expr, seed_for(seed, config.key), "cuda")
     kernel = fam.kernel(expr, config, fam.problem_of(expr, x.args))
     kernel(*x.args)
     torch.cuda.synchronize()
     err, tol = rel_error(x.out, fam.reference(expr, x.args)), fam.tolerance(expr)
+    checked = time.perf_counter()
     if not err <= tol:
-        return {"status": Status.WRONG_ANSWER, "message": f"relative error {err:.3g} > {tol:.1g}"}
+        return {"status": Status.WRONG_ANSWER, "message": f"relative error {err:.3g} > {tol:.1g}",
+                "spent": {"check": checked - start}}
     times = time_fn(lambda: kernel(*x.args), timing)
-    return {"status": Status.OK, "times": times, "message": f"relative error {err:.2g}"}
+    return {"status": Status.OK, "times": times, "message": f"relative error {err:.2g}",
+            "spent": {"check": checked - start, "timing": time.perf_counter() - checked}}
 
 
 def measure_torch(expr: Any, seed: int, timing: Timing) -> tuple[float, ...]:

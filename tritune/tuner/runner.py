@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from tritune.records.result import MeasureResult, Status
 from tritune.schedules.config import Config
+from tritune.tuner.breakdown import Stopwatch
 from tritune.tuner.failures import classify
 from tritune.tuner.lifeline import bind_to_parent
 from tritune.tuner.measure import Timing
@@ -76,6 +77,7 @@ class Runner:
         self._conn: Any = None
         self._info: dict = {}
         self._starts = 0
+        self.watch = Stopwatch()  # the worker's check and timing seconds, and worker starts
 
     @property
     def restarts(self) -> int:
@@ -101,7 +103,8 @@ class Runner:
         """A live worker, started (again) if there is none."""
         if self._proc is None or not self._proc.is_alive():
             self._kill()
-            self._start()
+            with self.watch("worker_start"):
+                self._start()
 
     def _answer(self, limit: float, hung: str, hung_status: Status = Status.CRASH) -> Any:
         """The worker's next reply; on a timeout or a dead pipe, drop the worker and raise WorkerDied."""
@@ -142,6 +145,8 @@ class Runner:
             status, data = self.request("measure", {"expr": expr, "config": config, "seed": self.seed})
         except WorkerDied as died:
             return MeasureResult(config, died.status, compile_s=compile_s, message=str(died))
+        for phase, seconds in (data.get("spent") or {}).items():
+            self.watch.add(phase, seconds)
         if status == "error" or data["status"] is not Status.OK:
             return MeasureResult(config, data["status"], compile_s=compile_s, message=data["message"])
         t_min, t_p20, t_median, t_p80 = data["times"]

@@ -13,7 +13,7 @@ from tritune.records.database import Database
 from tritune.schedules.space import Limits
 from tritune.search import make_strategy
 from tritune.settings import SETTINGS
-from tritune.tuner import display
+from tritune.tuner import breakdown, display
 from tritune.tuner.builder import Builder
 from tritune.tuner.measure import Timing
 from tritune.tuner.prior import prior_for
@@ -34,6 +34,7 @@ class TuneOptions:
     workers: int | None = None
     faults: tuple[str, ...] = ()
     prior: str = "all"  # what warm-starts the cost model: "all" (database + shipped), "db", "none"
+    verbose: bool = False  # also print where the run's time went
 
 
 def device_limits(info: dict) -> Limits:
@@ -106,6 +107,7 @@ def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Build
             return tune(expr, db, options, started)
     start = time.time()
     runner, builder = gpu
+    before = [w.snapshot() for w in _watches(runner, builder)]
     task = device_task(expr, runner.device_info())
     nothing = {"workload": expr.to_dict(), "trials": 0, "best_config": None, "space_valid": 0}
     if not len(task.space.valid_indices):
@@ -113,7 +115,7 @@ def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Build
         return nothing
     strategy = make_strategy(options.strategy, task.space, seed=options.seed, features=task.featurize,
                              prior=prior_for(db, task, options.prior))
-    history = _tune_loop(task, strategy, builder, runner, db, options)
+    history, loop = _tune_loop(task, strategy, builder, runner, db, options)
     best = best_of(history)
     display.console.print(display.status_line(history) + f"; worker restarts: {runner.restarts}")
     if best is None:
@@ -121,10 +123,20 @@ def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Build
         return {**nothing, "trials": len(history), "space_valid": len(task.space.valid_indices)}
     h2h = runner.head_to_head(expr, best.config)
     display.out.print(display.summary_table(expr, best, h2h, task.device.gpu))
-    return _summary(expr, task, history, best, h2h, time.time() - start)
+    spent = [w.since(b) for w, b in zip(_watches(runner, builder), before)]
+    times = breakdown.summary(time.time() - start, loop, *spent, getattr(builder, "workers", 1))
+    if options.verbose:
+        display.out.print(display.time_table(times))
+    return {**_summary(expr, task, history, best, h2h, times["wall"]), "time": times}
 
 
-def _tune_loop(task: Task, strategy, builder, runner, db, options: TuneOptions) -> list:
+def _watches(runner: Runner, builder: Builder) -> list[breakdown.Stopwatch]:
+    """The stopwatches of the runner and builder, which a session's workloads share (a stand-in
+    without one counts nothing)."""
+    return [getattr(x, "watch", None) or breakdown.Stopwatch() for x in (runner, builder)]
+
+
+def _tune_loop(task: Task, strategy, builder, runner, db, options: TuneOptions) -> tuple[list, dict]:
     expr = task.expr
     with display.progress() as bar:
         job = bar.add_task(expr.describe(), total=options.trials, best="-")
@@ -142,7 +154,7 @@ def _tune_loop(task: Task, strategy, builder, runner, db, options: TuneOptions) 
         if tuner.stored:
             bar.console.print(f"resumed: {len(tuner.stored)} trials were already stored")
             bar.update(job, completed=len(history))
-    return history
+    return history, tuner.watch.snapshot()
 
 
 def _summary(expr: Any, task: Task, history: list, best, h2h: dict, wall_s: float) -> dict:

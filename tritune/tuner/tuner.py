@@ -13,6 +13,7 @@ from tritune.records.result import DeviceKey, MeasureResult
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits, Space
 from tritune.search.base import Strategy
+from tritune.tuner.breakdown import Stopwatch
 from tritune.tuner.builder import Builder
 from tritune.tuner.runner import Runner
 
@@ -64,6 +65,7 @@ class Tuner:
         self.on_result = on_result or (lambda r: None)
         self.stored: list[MeasureResult] = []
         self.owner = owner_id()
+        self.watch = Stopwatch()  # where the loop's time goes
 
     def run(self, trials: int) -> list[MeasureResult]:
         """Measure until the database holds `trials` for this task (resuming), or search stops."""
@@ -75,15 +77,18 @@ class Tuner:
         try:
             while len(history) < trials and not self._stalled(history):
                 batch = min(self.batch_size, self.strategy.round_size or self.batch_size)
-                configs = self.strategy.propose(min(batch, trials - len(history)))
+                with self.watch("propose"):
+                    configs = self.strategy.propose(min(batch, trials - len(history)))
                 if not configs:
                     break  # the space is exhausted
                 results = self._measure(self._inject(configs))
-                self.strategy.update(results)
+                with self.watch("learn"):
+                    self.strategy.update(results)
                 history.extend(results)
                 history.extend(self._stored_elsewhere(history))
         finally:
             self._release()
+            self.watch.add("fit", getattr(self.strategy, "fit_s", 0.0))
         return history
 
     def _release(self) -> None:
@@ -97,14 +102,18 @@ class Tuner:
         futures = self.builder.submit(expr, self.task.family.canonical_problem(expr), configs)
         results = []
         for config, future in zip(configs, futures):  # measured in order while later ones compile
-            built = self.builder.result(future, config)
-            if not self.db.claim(expr.key, device, config, self.owner):
-                continue  # stored already, or another tuner is measuring it
+            with self.watch("compile_wait"):
+                built = self.builder.result(future, config)
+            with self.watch("store"):
+                if not self.db.claim(expr.key, device, config, self.owner):
+                    continue  # stored already, or another tuner is measuring it
             if built.status is not None:
                 result = MeasureResult(config, built.status, compile_s=built.compile_s, message=built.message)
             else:
-                result = self.runner.measure(expr, config, built.compile_s)
-            self.db.save(expr.key, device, [result])  # at once: a kill loses only the trial in flight
+                with self.watch("measure"):
+                    result = self.runner.measure(expr, config, built.compile_s)
+            with self.watch("store"):
+                self.db.save(expr.key, device, [result])  # at once: a kill loses only the trial in flight
             self.on_result(result)
             results.append(result)
         return results

@@ -1,0 +1,60 @@
+"""Where a tuning run's time goes: seconds per phase, added up as the run goes, and the summary
+that `tune-cli run --summary-json` and `--verbose` show (compile, correctness check, timing, model
+fit, proposal, idle GPU, idle compile pool)."""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Iterator
+
+
+class Stopwatch:
+    """Seconds spent per phase; `with watch("phase"):` adds the block's wall time."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.spent[phase] += time.perf_counter() - start
+
+    def add(self, phase: str, seconds: float) -> None:
+        """Count seconds measured elsewhere (in a worker process)."""
+        self.spent[phase] += seconds
+
+    def since(self, before: dict[str, float]) -> dict[str, float]:
+        """What was spent after a `snapshot()` (runner and builder serve several workloads in turn)."""
+        return {k: v - before.get(k, 0.0) for k, v in self.spent.items()}
+
+    def snapshot(self) -> dict[str, float]:
+        """The seconds spent so far, per phase."""
+        return dict(self.spent)
+
+
+def summary(wall_s: float, tuner: dict, runner: dict, builder: dict, workers: int) -> dict:
+    """The run's time by phase (seconds, rounded to 0.1 s), and how busy the GPU and the compile pool were."""
+    gpu = runner.get("check", 0.0) + runner.get("timing", 0.0)
+    loop = sum(tuner.get(k, 0.0) for k in ("propose", "learn", "compile_wait", "measure", "store"))
+    out = {
+        "wall": wall_s,
+        "compile (CPU-seconds in the pool)": builder.get("compile", 0.0),
+        "waiting for compiles": tuner.get("compile_wait", 0.0),
+        "correctness check (GPU worker)": runner.get("check", 0.0),
+        "timing (GPU worker)": runner.get("timing", 0.0),
+        "worker start and requests": tuner.get("measure", 0.0) - gpu,
+        "model fit": tuner.get("fit", 0.0),
+        "proposal (search over the model)": tuner.get("propose", 0.0) - tuner.get("fit", 0.0),
+        "learning from results": tuner.get("learn", 0.0),
+        "database": tuner.get("store", 0.0),
+        "outside the loop (space, prior, head-to-head)": wall_s - loop,
+        "GPU idle": wall_s - gpu,
+    }
+    out = {k: round(v, 1) for k, v in out.items()}
+    out["GPU busy fraction"] = round(gpu / wall_s, 3) if wall_s else 0.0
+    out["compile pool busy fraction"] = round(builder.get("compile", 0.0) / (workers * wall_s), 3) if wall_s else 0.0
+    return out
