@@ -70,14 +70,22 @@ def _sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def run(args: list[str], db: Path, delay: float | None, sig: int = signal.SIGKILL) -> dict:
-    """Start `tune-cli ARGS --db DB`, stop it with `sig` after `delay` s (None: let it finish), and
-    report what the stop left."""
+def wait_for_trials(db: Path, n: int, limit_s: float = 120.0) -> None:
+    """Return once the database holds at least n trials (or after limit_s)."""
+    deadline = time.time() + limit_s
+    while len(stored_keys(db)) < n and time.time() < deadline:
+        time.sleep(0.05)
+
+
+def run(args: list[str], db: Path, delay: float | None, sig: int = signal.SIGKILL, after_trials: int = 0) -> dict:
+    """Start `tune-cli ARGS --db DB`, stop it with `sig` `delay` s after it (and once the database
+    holds `after_trials` more trials; delay None: let it finish), and report what the stop left."""
     mark, before, seen = uuid.uuid4().hex, stored_keys(db), len(measured_log())
     env = dict(os.environ, **{MARK: mark, "PYTHONUNBUFFERED": "1"})
     proc = subprocess.Popen([sys.executable, "-m", "tritune", *args, "--db", str(db)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
     if delay is not None:
+        wait_for_trials(db, len(before) + after_trials)
         time.sleep(delay)
         proc.send_signal(sig)
     _, err = proc.communicate(timeout=600)

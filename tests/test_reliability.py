@@ -57,7 +57,7 @@ def test_sigkill_at_20_random_moments_loses_only_the_trial_in_flight(fake_gpu):
 
 @pytest.mark.parametrize("sig, code, word", [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "SIGINT")])
 def test_sigterm_and_sigint_store_what_was_measured_and_stop_the_children(fake_gpu, sig, code, word):
-    stop = kill_test.run(RUN, fake_gpu, 5.0, sig)
+    stop = kill_test.run(RUN, fake_gpu, 0.5, sig, after_trials=5)  # stopped while measuring
     assert stop["exit"] == code and stop["last_line"].startswith("tune-cli: ") and word in stop["last_line"]
     assert stop["integrity"] == "ok" and stop["orphans"] == 0 and stop["stored"] > 0 and stop["lost"] <= 1
 
