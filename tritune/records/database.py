@@ -322,11 +322,11 @@ def _alive(owner: str) -> bool:
     if host != socket.gethostname() or not pid.isdigit():
         return True
     try:
-        os.kill(int(pid), 0)
+        os.kill(int(pid), 0)  # signal 0: is there such a process (PermissionError: yes, another user's)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
 
 
