@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Mapping
 
 
@@ -12,6 +12,11 @@ class Config(Mapping):
     """An immutable, hashable mapping of knob name to value (ints or short strings)."""
 
     items_: tuple[tuple[str, int | str], ...]
+    # the same pairs as a dict: knob lookups run millions of times in space enumeration and search
+    _map: dict = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_map", dict(self.items_))
 
     @classmethod
     def of(cls, mapping: Mapping[str, int | str] | None = None, **knobs: int | str) -> "Config":
@@ -28,10 +33,14 @@ class Config(Mapping):
         return cls.of(data)
 
     def __getitem__(self, knob: str) -> int | str:
-        for name, value in self.items_:
-            if name == knob:
-                return value
-        raise KeyError(knob)
+        return self._map[knob]
+
+    def get(self, knob: str, default: int | str | None = None) -> int | str | None:
+        """The knob's value, or `default` where the config lacks it."""
+        return self._map.get(knob, default)
+
+    def __contains__(self, knob: object) -> bool:
+        return knob in self._map
 
     def __iter__(self) -> Iterator[str]:
         return (name for name, _ in self.items_)

@@ -57,6 +57,7 @@ class Space:
         self.knobs = tuple(knobs)
         self.constraints = tuple(constraints)
         self._radix = [len(k.values) for k in self.knobs]
+        self._memo: dict[tuple[int, int], np.ndarray] = {}  # (moved index, knob) -> nearest valid indices
 
     def without(self, names: Sequence[str]) -> "Space":
         """The subspace without some knobs (their configs lack them; kernels use the knobs' defaults)."""
@@ -110,6 +111,10 @@ class Space:
                 for rows in [np.flatnonzero(digits[:, k] == pos)] if len(rows)}
 
     @cached_property
+    def _valid_set(self) -> frozenset[int]:
+        return frozenset(self.valid_indices.tolist())
+
+    @cached_property
     def _strides(self) -> list[int]:
         return [int(s) for s in np.cumprod([1] + self._radix[:0:-1])[::-1]]  # index step of each knob
 
@@ -118,14 +123,25 @@ class Space:
         knobs of `config` (then the fewest value steps); ties go to `rng`, else to the first."""
         if (knob, pos) not in self._by_value:
             return None
+        here = [k.values.index(config[k.name]) for k in self.knobs]
+        moved = sum((pos if i == knob else d) * s for i, (d, s) in enumerate(zip(here, self._strides)))
+        if moved in self._valid_set:  # the one-knob move itself is valid: nothing is nearer
+            return self.config(moved)
+        key = (moved, knob)
+        if key not in self._memo:  # annealing chains come back to the same moves often
+            if len(self._memo) > 200_000:
+                self._memo.clear()
+            self._memo[key] = self._nearest_indices(knob, pos, np.array(here, dtype=np.int16))
+        nearest = self._memo[key]
+        return self.config(int(nearest[0] if rng is None else rng.choice(nearest)))
+
+    def _nearest_indices(self, knob: int, pos: int, here: np.ndarray) -> np.ndarray:
+        """The indices of every valid config with that value at the least distance from `here`."""
         indices, digits = self._by_value[(knob, pos)]
-        here = np.array([k.values.index(config[k.name]) for k in self.knobs], dtype=np.int16)
-        steps = np.abs(digits - here)
-        # a knob changed at all costs more than any number of steps in the others
-        cost = (steps > 0).sum(axis=1) * 1000 + steps.sum(axis=1)
-        nearest = np.flatnonzero(cost == cost.min())
-        pick = nearest[0] if rng is None else rng.choice(nearest)
-        return self.config(int(indices[pick]))
+        changed = (digits != here).sum(axis=1)  # a knob changed at all costs more than any steps
+        fewest = np.flatnonzero(changed == changed.min())
+        steps = np.abs(digits[fewest] - here).sum(axis=1)
+        return indices[fewest[steps == steps.min()]]
 
     def random_neighbour(self, config: Config, rng: np.random.Generator) -> Config | None:
         """A random move: one knob set to another of its values; where that alone breaks a
