@@ -23,7 +23,7 @@ from tritune.kernels.conv.expr import Conv2d
 from tritune.kernels.family import family
 from tritune.records.database import Database
 from tritune.schedules.config import Config
-from tritune.tuner.measure import Timing, in_turns, rel_error
+from tritune.tuner.measure import COMPARE, in_turns, rel_error
 from tritune.tuner.session import TuneOptions, tune_all
 
 # (name, N, H, W, C, K, R, S, stride, padding): ResNet-50-like layers at batch 32
@@ -48,7 +48,7 @@ def compare(expr: Conv2d, config: dict, rounds: int = 5) -> dict:
     torch.backends.cudnn.benchmark = True
     eager()  # cuDNN's own search runs on the first call: keep it out of the timings
     runs = {"ours": lambda: kernel(*x.args), "cudnn": cudnn(eager, False), "cudnn_bench": cudnn(eager, True)}
-    ms = {k: statistics.median(v) for k, v in in_turns(runs, Timing(), rounds).items()}
+    ms = {k: statistics.median(v) for k, v in in_turns(runs, COMPARE, rounds).items()}
     torch.backends.cudnn.benchmark = False
     return {"rel_error": err, "tolerance": fam.tolerance(expr), **{f"{k}_ms": v for k, v in ms.items()},
             "ratio_vs_cudnn": ms["cudnn"] / ms["ours"], "ratio_vs_cudnn_bench": ms["cudnn_bench"] / ms["ours"],

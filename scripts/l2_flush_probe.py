@@ -14,7 +14,7 @@ import torch
 
 from tritune.kernels.family import family, parse_expr
 from tritune.schedules.config import Config
-from tritune.tuner.measure import Timing, time_fn
+from tritune.tuner.measure import COMPARE, time_fn
 
 
 def read_flush_median(fn, reps: int = 200) -> float:
@@ -46,7 +46,7 @@ def main() -> None:
     ours, theirs = (lambda: kernel(*x.args)), fam.eager(expr, x)
     rows = []
     for name, fn in (("tritune", ours), ("torch", theirs)):
-        rows.append((name, time_fn(fn, Timing())[2], read_flush_median(fn)))
+        rows.append((name, time_fn(fn, COMPARE)[2], read_flush_median(fn)))
     print(f"{expr.describe()}: median ms with a write flush (do_bench) and with a read flush")
     for name, write, read in rows:
         print(f"{name:8s} write-flush {write * 1e3:7.1f} us   read-flush {read * 1e3:7.1f} us")

@@ -15,7 +15,7 @@ import tritune
 from tritune.kernels.contraction.launch import Kernel, problem_of
 from tritune.kernels.expr import torch_dtype
 from tritune.kernels.family import family, parse_expr
-from tritune.tuner.measure import Timing, rel_error, time_fn
+from tritune.tuner.measure import COMPARE, rel_error, time_fn
 
 
 def host_us_per_call(fn, calls: int = 400) -> float:
@@ -46,8 +46,8 @@ def main() -> None:
         y = tritune.ops.matmul(a, b)
         torch.cuda.synchronize()
         err = rel_error(y, fam.reference(expr, x.args)[0])
-        ops_ms = time_fn(lambda: tritune.ops.matmul(a, b), Timing())[2]
-    torch_ms = time_fn(lambda: torch.matmul(a, b), Timing())[2]
+        ops_ms = time_fn(lambda: tritune.ops.matmul(a, b), COMPARE)[2]
+    torch_ms = time_fn(lambda: torch.matmul(a, b), COMPARE)[2]
     print(f"replay {expr.describe()}: source={choice.source} config={choice.config.to_json()}")
     tol = fam.tolerance(expr)
     print(f"  rel error {err:.2e} (tolerance {tol:.0e}) -> {'OK' if err <= tol else 'WRONG'}")

@@ -26,7 +26,7 @@ from tritune.kernels.family import Operands, family
 from tritune.kernels.rows.expr import LayerNorm, RowOp, Softmax
 from tritune.records.database import Database
 from tritune.schedules.config import Config
-from tritune.tuner.measure import Timing, in_turns, rel_error
+from tritune.tuner.measure import COMPARE, in_turns, rel_error
 from tritune.tuner.session import TuneOptions, tune_all
 
 # (op, M, N): a 4k-vocabulary/attention-like softmax, many short rows, a GPT-2 vocabulary (odd N),
@@ -60,7 +60,7 @@ def compare(expr: RowOp, config: dict, rounds: int) -> dict:
     errors = {"ours": rel_error(x.out, ref), "eager": rel_error(runs["eager"](), ref),
               "compiled": rel_error(runs["compiled"](), ref)}  # the first compiled call compiles
     compile_s = time.time() - start
-    ms = {name: statistics.median(t) for name, t in in_turns(runs, Timing(), rounds).items()}
+    ms = {name: statistics.median(t) for name, t in in_turns(runs, COMPARE, rounds).items()}
     return {"tolerance": fam.tolerance(expr), "torch_compile_s": compile_s,
             **{f"{k}_rel_error": v for k, v in errors.items()}, **{f"{k}_ms": v for k, v in ms.items()},
             **{f"{k}_tbps": fam.rate(expr, v)[0] for k, v in ms.items()},

@@ -17,6 +17,9 @@ class FakeBuilder:
     def __init__(self):
         self.built = []
 
+    def start(self, target, shared_limit=0):
+        pass
+
     def submit(self, expr, problem, configs):
         self.built.extend(configs)
         return [DoneFuture(BuildResult(c, Status.COMPILE_ERROR, 0.5, message="boom") if self.fails(c)
@@ -39,7 +42,7 @@ class FakeRunner:
     def __init__(self):
         self.measured = []
 
-    def measure(self, expr, config, compile_s=0.0):
+    def measure(self, expr, config, compile_s=0.0, best_ms=None):
         self.measured.append(config)
         if config.get("fault") == "oob":
             return MeasureResult(config, Status.CRASH, compile_s=compile_s, message="worker died")

@@ -106,7 +106,6 @@ def test_tune_model_shares_the_budget_and_tunes_every_workload(monkeypatch, tmp_
 
     monkeypatch.setattr(session, "Runner", partial(Runner, handlers=fake_worker.session_handlers))
     monkeypatch.setattr(session, "Builder", lambda *args, **kwargs: FakeBuilder())
-    monkeypatch.setattr("tritune.tuner.cli.require_gpu", lambda: None)
     db = tmp_path / "t.db"
     main(["tune-model", "--model", f"{MODELS}:mlp", "--input-shape", "2,20,64", "--dtype", "fp32", "--trials", "25",
           "--strategy", "random", "--db", str(db)])

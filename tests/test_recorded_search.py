@@ -15,7 +15,8 @@ from tritune.tuner.recorded import BUNDLED, Recording, RecordedBuilder, Recorded
 from tritune.tuner.tuner import Task, Tuner, best_of
 
 LEGACY = Path(__file__).parent / "fixtures" / "spaces" / "legacy"
-SEEDS = range(5)
+SEEDS = range(5)  # cold sa and random
+WARM_SEEDS = range(10)  # warm sa, as `tune-cli run` runs it: >= 0.98 of the best in >= 9 of 10
 BUDGET = 64
 
 
@@ -40,14 +41,14 @@ def recording(request):
     return request.param, rec
 
 
-def test_sa_finds_98_percent_of_the_best_in_64_trials_and_beats_random(recording, tmp_path):
+def test_warm_sa_finds_98_percent_of_the_best_in_64_trials_in_9_of_10_seeds_and_beats_random(recording, tmp_path):
     _, rec = recording
     prior = bundled_prior(rec.task(DeviceKey("recorded", rec.device["capability"], "-", "-", "-")))
     assert prior is not None and len(np.unique(prior.groups)) == 2  # the other two workloads
-    sa = np.array([best_at_budget(rec, "sa", s, tmp_path, prior) for s in SEEDS])
+    sa = np.array([best_at_budget(rec, "sa", s, tmp_path, prior) for s in WARM_SEEDS])
     cold = np.array([best_at_budget(rec, "sa", s, tmp_path) for s in SEEDS])
     rnd = np.array([best_at_budget(rec, "random", s, tmp_path) for s in SEEDS])
-    assert (sa >= 0.98).sum() >= 4, sa
+    assert (sa >= 0.98).sum() >= 9, sa
     assert sa.mean() > rnd.mean() and cold.mean() > rnd.mean(), (sa, cold, rnd)
 
 

@@ -244,7 +244,6 @@ def test_tune_cli_runs_softmax_end_to_end(monkeypatch, tmp_path):
         fails = staticmethod(lambda config: False)  # FakeBuilder fails matmul configs by BLOCK_K
 
     monkeypatch.setattr(session, "Builder", lambda *args, **kwargs: Builds())
-    monkeypatch.setattr("tritune.tuner.cli.require_gpu", lambda: None)
     summary = tmp_path / "s.json"
     main(["run", "--op", "softmax", "--shape", "4096,4096", "--trials", "20", "--batch-size", "8",
           "--db", str(tmp_path / "t.db"), "--summary-json", str(summary)])

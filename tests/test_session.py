@@ -14,7 +14,6 @@ from tritune.tuner.runner import Runner
 def test_run_tunes_stores_resumes_and_reports(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(session, "Runner", partial(Runner, handlers=fake_worker.session_handlers))
     monkeypatch.setattr(session, "Builder", lambda *args, **kwargs: FakeBuilder())
-    monkeypatch.setattr("tritune.tuner.cli.require_gpu", lambda: None)
     db, summary = tmp_path / "t.db", tmp_path / "s.json"
     args = ["run", "--shape", "512,256,1024", "--trials", "24", "--db", str(db), "--summary-json", str(summary)]
     main(args)
@@ -49,25 +48,28 @@ def test_tune_all_shares_one_gpu_session_and_skips_an_empty_space(monkeypatch, t
 def test_the_summary_says_where_the_time_went(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(session, "Runner", partial(Runner, handlers=fake_worker.session_handlers))
     monkeypatch.setattr(session, "Builder", lambda *args, **kwargs: FakeBuilder())
-    monkeypatch.setattr("tritune.tuner.cli.require_gpu", lambda: None)
     summary = tmp_path / "s.json"
     main(["run", "--shape", "512,256,1024", "--trials", "16", "--db", str(tmp_path / "t.db"),
           "--summary-json", str(summary), "--verbose"])
     times = json.loads(summary.read_text())["time"]
     assert "where the time went" in capsys.readouterr().out
     assert times["wall"] > 0 and 0 <= times["GPU busy fraction"] <= 1
-    parts = ("waiting for compiles", "worker start and requests", "correctness check (GPU worker)",
-             "timing (GPU worker)", "model fit", "proposal (search over the model)", "learning from results",
-             "database", "outside the loop (space, prior, head-to-head)")
-    assert all(times[p] >= 0 for p in parts) and abs(sum(times[p] for p in parts) - times["wall"]) <= 0.5
+    loop = ("proposal (search over the model)", "model fit", "learning from results", "waiting for measurements",
+            "claims (database)", "outside the loop (space, prior, head-to-head)")
+    alongside = ("GPU waiting for compiles", "correctness check (GPU worker)", "timing (GPU worker)",
+                 "worker start and requests", "storing results (database)")
+    assert all(times[p] >= 0 for p in loop + alongside)
+    assert abs(sum(times[p] for p in loop) - times["wall"]) <= 0.5
+    assert sum(times[p] for p in alongside) <= times["wall"] + 0.5
 
 
 def test_breakdown_arithmetic():
     from tritune.tuner.breakdown import summary
 
-    times = summary(10.0, {"propose": 2.0, "fit": 1.5, "learn": 0.5, "compile_wait": 1.0, "measure": 4.0,
-                           "store": 0.5}, {"check": 1.0, "timing": 2.0}, {"compile": 16.0}, 4)
+    times = summary(10.0, {"propose": 2.0, "fit": 1.5, "learn": 0.5, "wait": 4.0, "store": 0.5, "compile_wait": 1.0,
+                           "measure": 4.0, "save": 0.2}, {"check": 1.0, "timing": 2.0}, {"compile": 16.0}, 4)
     assert times["model fit"] == 1.5 and times["proposal (search over the model)"] == 0.5
     assert times["worker start and requests"] == 1.0 and times["GPU idle"] == 7.0
-    assert times["outside the loop (space, prior, head-to-head)"] == 2.0
+    assert times["outside the loop (space, prior, head-to-head)"] == 3.0
+    assert times["storing results (database)"] == 0.2 and times["claims (database)"] == 0.5
     assert times["GPU busy fraction"] == 0.3 and times["compile pool busy fraction"] == 0.4

@@ -25,7 +25,7 @@ class ModelBasedStrategy(Strategy):
 
     def __init__(self, *args: Any, model: Any = None, prior_model: Any = None, plan_size: int = 8,
                  eps: float = 0.1, min_train: int = 8, diversity: float = 0.3, candidates: int = 4,
-                 local: float = 0.25, **kwargs: Any) -> None:
+                 local: float = 0.375, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self.features is None:
             raise ValueError("a model-based strategy needs a features function of the task")

@@ -1,6 +1,6 @@
 """Where a tuning run's time goes: seconds per phase, added up as the run goes, and the summary
-that `tune-cli run --summary-json` and `--verbose` show (compile, correctness check, timing, model
-fit, proposal, idle GPU, idle compile pool)."""
+that `tune-cli run --summary-json` and `--verbose` show (proposal, model fit, waiting, compile,
+correctness check, timing, idle GPU, idle compile pool)."""
 from __future__ import annotations
 
 import time
@@ -37,21 +37,27 @@ class Stopwatch:
 
 
 def summary(wall_s: float, tuner: dict, runner: dict, builder: dict, workers: int) -> dict:
-    """The run's time by phase (seconds, rounded to 0.1 s), and how busy the GPU and the compile pool were."""
+    """The run's time by phase (seconds, rounded to 0.1 s), and how busy the GPU and the compile pool were.
+
+    The loop's own phases (proposal to "outside the loop") add up to the wall time; the measuring
+    thread's (waiting for compiles to storing results) run alongside them, as does the pool.
+    """
     gpu = runner.get("check", 0.0) + runner.get("timing", 0.0)
-    loop = sum(tuner.get(k, 0.0) for k in ("propose", "learn", "compile_wait", "measure", "store"))
+    loop = sum(tuner.get(k, 0.0) for k in ("propose", "learn", "wait", "store"))
     out = {
         "wall": wall_s,
-        "compile (CPU-seconds in the pool)": builder.get("compile", 0.0),
-        "waiting for compiles": tuner.get("compile_wait", 0.0),
+        "proposal (search over the model)": tuner.get("propose", 0.0) - tuner.get("fit", 0.0),
+        "model fit": tuner.get("fit", 0.0),
+        "learning from results": tuner.get("learn", 0.0),
+        "waiting for measurements": tuner.get("wait", 0.0),
+        "claims (database)": tuner.get("store", 0.0),
+        "outside the loop (space, prior, head-to-head)": wall_s - loop,
+        "GPU waiting for compiles": tuner.get("compile_wait", 0.0),
         "correctness check (GPU worker)": runner.get("check", 0.0),
         "timing (GPU worker)": runner.get("timing", 0.0),
         "worker start and requests": tuner.get("measure", 0.0) - gpu,
-        "model fit": tuner.get("fit", 0.0),
-        "proposal (search over the model)": tuner.get("propose", 0.0) - tuner.get("fit", 0.0),
-        "learning from results": tuner.get("learn", 0.0),
-        "database": tuner.get("store", 0.0),
-        "outside the loop (space, prior, head-to-head)": wall_s - loop,
+        "storing results (database)": tuner.get("save", 0.0),
+        "compile (CPU-seconds in the pool)": builder.get("compile", 0.0),
         "GPU idle": wall_s - gpu,
     }
     out = {k: round(v, 1) for k, v in out.items()}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -48,14 +49,34 @@ def build_one(expr: Any, config: Config, problem: Any, target: Any, shared_limit
     return BuildResult(config, None, elapsed, shared)
 
 
+def _pool_process(parent: int) -> None:
+    """Start of every pool process: it ends with its parent, and compiles at a lower priority than
+    the tuning loop, which proposes the next round while the pool compiles (on a host whose cores
+    are all compiling, the proposals otherwise ran three times slower and held the GPU up)."""
+    bind_to_parent(parent)
+    os.nice(10)
+
+
+def warm_up(target: Any) -> None:
+    """Pay a pool process's one-time costs (imports, the compiler back end's first use) by building
+    a small matmul at its default config, before any candidate is waiting for the process."""
+    from tritune.kernels.contraction.launch import DEFAULT
+    from tritune.kernels.family import parse_expr
+
+    expr = parse_expr("matmul", "256", "fp16")
+    build_one(expr, DEFAULT, family("matmul").canonical_problem(expr), target, 0)
+
+
 class Builder:
-    """A process pool compiling candidates for one target."""
+    """A process pool compiling candidates for one target. Candidates are submitted by the tuning
+    loop and collected by the measurer thread: the pool is replaced under a lock when it dies."""
 
     build = staticmethod(build_one)  # what a pool process runs per candidate (tests swap it)
 
-    def __init__(self, target: Any, shared_limit: int = 0, workers: int | None = None) -> None:
+    def __init__(self, target: Any = None, shared_limit: int = 0, workers: int | None = None) -> None:
         self.target, self.shared_limit = target, shared_limit
         self.workers = workers or os.cpu_count() or 1
+        self._lock = threading.Lock()
         self._pool = self._new_pool()
         # what each future compiles, and in which pool, to retry it if that pool dies
         self._jobs: dict[Future, tuple[Any, Any, ProcessPoolExecutor]] = {}
@@ -64,14 +85,33 @@ class Builder:
     def _new_pool(self, workers: int | None = None) -> ProcessPoolExecutor:
         # spawn: the parent may hold CUDA or thread state that a fork would copy
         return ProcessPoolExecutor(workers or self.workers, mp_context=mp.get_context("spawn"),
-                                   initializer=bind_to_parent, initargs=(os.getpid(),))
+                                   initializer=_pool_process, initargs=(os.getpid(),))
+
+    def start(self, target: Any, shared_limit: int = 0) -> None:
+        """Set the target (known once the GPU worker has reported its device) and warm every pool
+        process up while the tuner prepares its first round."""
+        self.target, self.shared_limit = target, shared_limit
+        if self.build is build_one:
+            for _ in range(self.workers):
+                self._pool.submit(warm_up, target)
 
     def submit(self, expr: Any, problem: Any, configs: Sequence[Config]) -> list[Future]:
         """Start compiling each config; futures resolve to BuildResult."""
-        futures = [self._pool.submit(self.build, expr, c, problem, self.target, self.shared_limit) for c in configs]
-        for f in futures:
-            self._jobs[f] = (expr, problem, self._pool)
+        with self._lock:
+            try:
+                futures = [self._pool.submit(self.build, expr, c, problem, self.target, self.shared_limit) for c in configs]
+            except BrokenProcessPool:  # died under earlier candidates: their futures say so, these go to a new pool
+                self._replace(self._pool)
+                futures = [self._pool.submit(self.build, expr, c, problem, self.target, self.shared_limit) for c in configs]
+            for f in futures:
+                self._jobs[f] = (expr, problem, self._pool)
         return futures
+
+    def _replace(self, broken: ProcessPoolExecutor) -> None:
+        """A new pool for a dead one (once, by whoever notices first); hold the lock."""
+        if broken is self._pool:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = self._new_pool()
 
     def result(self, future: Future, config: Config) -> BuildResult:
         """The BuildResult of a future, or a COMPILE_ERROR if the compiler process died on it.
@@ -86,9 +126,8 @@ class Builder:
             self.watch.add("compile", built.compile_s)
             return built
         except BrokenProcessPool:
-            if pool is self._pool:  # the first of its victims to be collected replaces the pool
-                self._pool.shutdown(wait=False, cancel_futures=True)
-                self._pool = self._new_pool()
+            with self._lock:
+                self._replace(pool)
         alone = self._new_pool(1)
         try:
             return alone.submit(self.build, expr, config, problem, self.target, self.shared_limit).result()

@@ -5,8 +5,9 @@ import json
 import signal
 import sys
 import warnings
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import click
 
@@ -58,17 +59,23 @@ def _terminate(signum: int, frame: Any) -> None:
     raise Terminated()
 
 
-def require_gpu() -> None:
-    """Exit with one line when no CUDA GPU is visible (a stand-in GPU for tests counts as one)."""
-    if SETTINGS.fake_gpu:
-        return
-    import torch
+@contextmanager
+def tuning(db_path: str | None, options: Any) -> Iterator[tuple[Any, Database]]:
+    """The GPU session and the database to tune into. A bad database file is reported first and a
+    missing GPU next (one line each); the database is created only once the GPU worker is up (the
+    parent never imports torch: the worker's start is the GPU check)."""
+    from tritune.tuner.runner import WorkerDied
+    from tritune.tuner.session import gpu_session
 
-    if not torch.cuda.is_available():
-        click.echo("tune-cli: no CUDA GPU found (torch.cuda.is_available() is False); tuning measures on a "
-                   "GPU. Without one, `tune-cli best`, `export` and `import` work, and the tests run "
-                   "kernels under TRITON_INTERPRET=1.", err=True)
-        sys.exit(EXIT_NO_GPU)
+    if Path(db_path or SETTINGS.db_path).exists():
+        open_db(db_path, must_exist=True).close()  # a bad file is reported before anything else
+    with ExitStack() as stack:
+        try:
+            gpu = stack.enter_context(gpu_session(options))
+        except WorkerDied as exc:
+            click.echo(f"tune-cli: {exc}", err=True)
+            sys.exit(EXIT_NO_GPU)
+        yield gpu, open_db(db_path)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -106,23 +113,15 @@ db_option = click.option("--db", "db_path", default=None, help=f"tuning database
 def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, trials, strategy, seed, prior, batch_size,
         early_stop, timeout, workers, summary_json, verbose, faults, db_path) -> None:
     """Tune one workload on this GPU and store every trial."""
-    from tritune.tuner.runner import WorkerDied
     from tritune.tuner.session import TuneOptions, tune
 
     expr = make_expr(op, shape, dtype, layout=layout, epilogue=epilogue, stride=stride, padding=padding,
                      dilation=dilation, eps=eps)
     if strategy not in REGISTRY:
         raise UsageError(f"unknown strategy {strategy!r}; known: {', '.join(sorted(REGISTRY))}")
-    if Path(db_path or SETTINGS.db_path).exists():
-        open_db(db_path, must_exist=True).close()  # a bad file is reported before anything else
-    require_gpu()
-    db = open_db(db_path)
     options = TuneOptions(trials, strategy, seed, batch_size, early_stop, timeout, workers, tuple(faults), prior, verbose)
-    try:
-        summary = tune(expr, db, options)
-    except WorkerDied as exc:  # the GPU worker could not even start: nothing to tune with
-        click.echo(f"tune-cli: {exc}", err=True)
-        sys.exit(EXIT_NO_GPU)
+    with tuning(db_path, options) as (gpu, db):
+        summary = tune(expr, db, options, gpu)
     if summary_json:
         Path(summary_json).write_text(json.dumps(summary, indent=2))
 
@@ -141,7 +140,6 @@ def tune_model(model_spec, input_shapes, dtype, trials, strategy, seed, summary_
     """Extract a model's contractions (with their fusable epilogues) and tune each on this GPU."""
     from tritune.tuner import tune_model as tm
     from tritune.tuner.display import out
-    from tritune.tuner.runner import WorkerDied
     from tritune.tuner.session import TuneOptions
 
     if strategy not in REGISTRY:
@@ -153,21 +151,11 @@ def tune_model(model_spec, input_shapes, dtype, trials, strategy, seed, summary_
     out.print(tm.plan_table(planned))
     if dry_run:
         return
-    try:
-        summaries = tm.tune_all(planned, _tuning_db(db_path), TuneOptions(strategy=strategy, seed=seed))
-    except WorkerDied as exc:  # the GPU worker could not even start
-        click.echo(f"tune-cli: {exc}", err=True)
-        sys.exit(EXIT_NO_GPU)
+    options = TuneOptions(strategy=strategy, seed=seed)
+    with tuning(db_path, options) as (gpu, db):
+        summaries = tm.tune_all(planned, db, options, gpu)
     if summary_json:
         Path(summary_json).write_text(json.dumps(summaries, indent=2))
-
-
-def _tuning_db(db_path: str | None) -> Database:
-    """The database to tune into, after checking an existing file and the GPU (one line each)."""
-    if Path(db_path or SETTINGS.db_path).exists():
-        open_db(db_path, must_exist=True).close()  # a bad file is reported before anything else
-    require_gpu()
-    return open_db(db_path)
 
 
 @cli.command()

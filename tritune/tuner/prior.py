@@ -3,6 +3,7 @@ database (this GPU) and from the recordings shipped with tritune (this GPU gener
 workload being tuned (tuning it must search, not look up)."""
 from __future__ import annotations
 
+import importlib
 import json
 from functools import lru_cache
 from typing import Any
@@ -34,6 +35,13 @@ def database_prior(db: Database, task: Task, min_trials: int = 8) -> Prior | Non
         if len(results) >= min_trials:
             parts.append(Prior.of(expr_from_dict(json.loads(spec)), task.limits, results))
     return Prior.merge(*parts)
+
+
+def preload() -> None:
+    """Build the shipped priors and import the cost model's library now (about two seconds), e.g.
+    while the GPU worker starts, rather than when the first round is waiting for them."""
+    _bundled_sets()
+    importlib.import_module("xgboost")
 
 
 @lru_cache(maxsize=None)

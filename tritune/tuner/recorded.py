@@ -17,6 +17,7 @@ from tritune.records.result import DeviceKey, MeasureResult, Status
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits
 from tritune.tuner.builder import BuildResult
+from tritune.tuner.measure import clearly_slower
 from tritune.tuner.tuner import Task
 
 # Recordings shipped with tritune (real GPU measurements of whole spaces or large samples); see
@@ -115,8 +116,12 @@ class RecordedRunner:
     def __init__(self, recording: Recording) -> None:
         self.recording = recording
         self.measured: list[Config] = []
+        self.stopped = 0  # candidates the GPU worker would have stopped timing early
 
-    def measure(self, expr: Any, config: Config, compile_s: float = 0.0) -> MeasureResult:
+    def measure(self, expr: Any, config: Config, compile_s: float = 0.0, best_ms: float | None = None) -> MeasureResult:
         self.measured.append(config)
-        return self.recording.result(config)
+        result = self.recording.result(config)
+        # a recording keeps medians only: the median stands in for the fastest of the first runs
+        self.stopped += result.ok and clearly_slower(result.t_median, best_ms)
+        return result
 

@@ -30,11 +30,24 @@ def gpu_handlers(timing: Timing) -> dict[str, Callable[[dict], Any]]:
     # the float64 reference must not silently drop to tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     return {
-        "info": lambda p: device_info(),
-        "measure": lambda p: measure.measure_candidate(p["expr"], p["config"], p["seed"], timing),
+        "info": lambda p: _device(device_info),
+        "measure": lambda p: measure.measure_candidate(p["expr"], p["config"], p["seed"], timing, p.get("best_ms")),
         "torch": lambda p: measure.measure_torch(p["expr"], p["seed"], timing),
-        "head_to_head": lambda p: measure.head_to_head(p["expr"], p["config"], p["seed"], timing),
+        "head_to_head": lambda p: measure.head_to_head(p["expr"], p["config"], p["seed"]),
     }
+
+
+NO_GPU = ("no CUDA GPU found (torch.cuda.is_available() is False); tuning measures on a GPU. Without one, "
+          "`tune-cli best`, `export` and `import` work, and the tests run kernels under TRITON_INTERPRET=1.")
+
+
+def _device(device_info: Callable[[], dict]) -> dict:
+    """The worker's device facts; the worker's start is where a missing GPU is found."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError(NO_GPU)
+    return device_info()
 
 
 def _serve(conn: Any, make_handlers: Callable[[Timing], dict], timing: Timing, parent: int) -> None:
@@ -77,6 +90,7 @@ class Runner:
         self._conn: Any = None
         self._info: dict = {}
         self._starts = 0
+        self._awaiting = False  # the handshake was sent and not yet answered
         self.watch = Stopwatch()  # the worker's check and timing seconds, and worker starts
 
     @property
@@ -84,7 +98,13 @@ class Runner:
         """How many times a worker was replaced after a crash or timeout."""
         return max(0, self._starts - 1)
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Start the worker without waiting for it to come up (the first request waits), so that
+        its CUDA start overlaps the parent's own preparations."""
+        if self._proc is None:
+            self._spawn()
+
+    def _spawn(self) -> None:
         self._starts += 1
         parent, child = self._ctx.Pipe()
         self._proc = self._ctx.Process(target=_serve, args=(child, self._handlers, self.timing, os.getpid()),
@@ -94,17 +114,24 @@ class Runner:
         self._conn = parent
         # handshake, so that start-up (torch import, CUDA init) never counts against a candidate
         parent.send(("info", {}))
+        self._awaiting = True
+
+    def _handshake(self) -> None:
+        self._awaiting = False
         status, self._info = self._answer(STARTUP_TIMEOUT_S, f"GPU worker did not start within {STARTUP_TIMEOUT_S:.0f} s")
         if status != "ok":
             self._kill()
             raise WorkerDied(Status.CRASH, f"GPU worker failed to start: {self._info['message']}")
 
     def _ensure(self) -> None:
-        """A live worker, started (again) if there is none."""
-        if self._proc is None or not self._proc.is_alive():
-            self._kill()
-            with self.watch("worker_start"):
-                self._start()
+        """A live worker that has answered its handshake, started (again) if there is none."""
+        with self.watch("worker_start"):
+            if self._proc is not None and self._awaiting:
+                self._handshake()
+            if self._proc is None or not self._proc.is_alive():
+                self._kill()
+                self._spawn()
+                self._handshake()
 
     def _answer(self, limit: float, hung: str, hung_status: Status = Status.CRASH) -> Any:
         """The worker's next reply; on a timeout or a dead pipe, drop the worker and raise WorkerDied."""
@@ -139,10 +166,12 @@ class Runner:
         self._ensure()
         return self._info
 
-    def measure(self, expr: Any, config: Config, compile_s: float = 0.0) -> MeasureResult:
-        """Check and time one built candidate; failures come back as results, never raised."""
+    def measure(self, expr: Any, config: Config, compile_s: float = 0.0, best_ms: float | None = None) -> MeasureResult:
+        """Check and time one built candidate (not timed in full once clearly slower than `best_ms`);
+        failures come back as results, never raised."""
         try:
-            status, data = self.request("measure", {"expr": expr, "config": config, "seed": self.seed})
+            status, data = self.request("measure", {"expr": expr, "config": config, "seed": self.seed,
+                                                    "best_ms": best_ms})
         except WorkerDied as died:
             return MeasureResult(config, died.status, compile_s=compile_s, message=str(died))
         for phase, seconds in (data.get("spent") or {}).items():
@@ -158,7 +187,7 @@ class Runner:
         return self._checked("torch", {"expr": expr, "seed": self.seed})
 
     def head_to_head(self, expr: Any, config: Config) -> dict:
-        """Median ms of the tuned kernel and of PyTorch, alternated in one process."""
+        """Median ms of the tuned kernel and of PyTorch, alternated in one process (`measure.COMPARE` budgets)."""
         return self._checked("head_to_head", {"expr": expr, "config": config, "seed": self.seed})
 
     def _checked(self, kind: str, payload: dict) -> Any:

@@ -16,7 +16,7 @@ from tritune.settings import SETTINGS
 from tritune.tuner import breakdown, display
 from tritune.tuner.builder import Builder
 from tritune.tuner.measure import Timing
-from tritune.tuner.prior import prior_for
+from tritune.tuner.prior import preload, prior_for
 from tritune.tuner.runner import Runner
 from tritune.tuner.tuner import Task, Tuner, best_of
 
@@ -51,20 +51,27 @@ def device_task(expr: Any, info: dict) -> Task:
 
 def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
               workers: int | None = None) -> tuple[Runner, Builder]:
-    """Start the GPU worker, read its device, and start a compile pool for that device's target."""
+    """Start the GPU worker and the compile pool together; while the worker comes up (seconds of
+    imports and CUDA start), load what the run will need; then give the pool the device's target."""
     from triton.backends.compiler import GPUTarget
 
     fake = importlib.import_module(SETTINGS.fake_gpu) if SETTINGS.fake_gpu else None
     runner = Runner(timing, timeout_s=timeout_s, seed=seed, **({"handlers": fake.handlers} if fake else {}))
+    builder = None
     try:
+        runner.start()
+        builder = Builder(workers=workers)
+        if fake:
+            builder.build = fake.build
+        preload()
         info = runner.device_info()
         major, minor = (int(x) for x in info["capability"].split("."))
-        builder = Builder(GPUTarget("cuda", major * 10 + minor, 32), device_limits(info).shared_bytes, workers)
+        builder.start(GPUTarget("cuda", major * 10 + minor, 32), device_limits(info).shared_bytes)
     except BaseException:
+        if builder is not None:
+            builder.close(now=True)
         runner.close(now=True)
         raise
-    if fake:
-        builder.build = fake.build
     return runner, builder
 
 
@@ -83,19 +90,23 @@ def gpu_session(options: TuneOptions) -> Iterator[tuple[Runner, Builder]]:
 
 
 def tune_all(exprs: Sequence[Any], db: Database, options: TuneOptions, trials: Sequence[int] | None = None,
-             announce: Callable[[int, Any, int], None] | None = None) -> list[dict]:
-    """Tune several workloads in turn on one GPU worker and compile pool (starting them costs
-    seconds per workload otherwise), each with its `trials` (default: the options'); their
-    summaries. `announce(i, expr, trials)` runs before each."""
+             announce: Callable[[int, Any, int], None] | None = None,
+             gpu: tuple[Runner, Builder] | None = None) -> list[dict]:
+    """Tune several workloads in turn on one GPU worker and compile pool (`gpu`, a started
+    `gpu_session`, else one started here: starting them costs seconds per workload otherwise),
+    each with its `trials` (default: the options'); their summaries. `announce(i, expr, trials)`
+    runs before each."""
     if not exprs:
         return []
+    if gpu is None:
+        with gpu_session(options) as started:
+            return tune_all(exprs, db, options, trials, announce, started)
     budgets = list(trials) if trials is not None else [options.trials] * len(exprs)
     summaries = []
-    with gpu_session(options) as gpu:
-        for i, (expr, n) in enumerate(zip(exprs, budgets)):
-            if announce is not None:
-                announce(i, expr, n)
-            summaries.append(tune(expr, db, replace(options, trials=n), gpu))
+    for i, (expr, n) in enumerate(zip(exprs, budgets)):
+        if announce is not None:
+            announce(i, expr, n)
+        summaries.append(tune(expr, db, replace(options, trials=n), gpu))
     return summaries
 
 

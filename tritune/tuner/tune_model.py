@@ -132,8 +132,9 @@ def plan_table(planned: Sequence[Planned]) -> Any:
     return table
 
 
-def tune_all(planned: Sequence[Planned], db: Any, options: Any) -> list[dict]:
-    """Tune each planned task with its trials (`session.tune_all`, which resumes stored ones); summaries."""
+def tune_all(planned: Sequence[Planned], db: Any, options: Any, gpu: Any = None) -> list[dict]:
+    """Tune each planned task with its trials (`session.tune_all`, which resumes stored ones) on a
+    started GPU session (else one of its own); summaries."""
     from tritune.tuner import display
     from tritune.tuner.session import tune_all
 
@@ -143,5 +144,5 @@ def tune_all(planned: Sequence[Planned], db: Any, options: Any) -> list[dict]:
         i, p = todo[j]
         display.console.print(f"[bold]task {i}/{len(planned)}[/bold]: {p.task.describe()}, {trials} trials")
 
-    summaries = tune_all([p.task.expr for _, p in todo], db, options, [p.trials for _, p in todo], announce)
+    summaries = tune_all([p.task.expr for _, p in todo], db, options, [p.trials for _, p in todo], announce, gpu)
     return [{"count": p.task.count, **s} for (_, p), s in zip(todo, summaries)]

@@ -1,6 +1,8 @@
 """Tuner: owns the loop propose -> build -> measure -> store -> update, its budget and stopping."""
 from __future__ import annotations
 
+from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Callable, Sequence
@@ -15,6 +17,7 @@ from tritune.schedules.space import Limits, Space
 from tritune.search.base import Strategy
 from tritune.tuner.breakdown import Stopwatch
 from tritune.tuner.builder import Builder
+from tritune.tuner.measurer import Measurer
 from tritune.tuner.runner import Runner
 
 
@@ -54,13 +57,18 @@ def best_of(results: Sequence[MeasureResult]) -> MeasureResult | None:
 class Tuner:
     """Runs a strategy against a builder and runner, storing every trial in the database as soon as
     it is measured (a kill loses only the one in flight). Tuners sharing a database take each
-    config before measuring it (`Database.claim`) and learn from each other's trials."""
+    config before building it (`Database.claim`) and learn from each other's trials.
+
+    Rounds are pipelined: while round n is measured (in the measurer thread), round n+1 compiles
+    and round n+2 is proposed from what rounds up to n-1 taught the strategy (`depth` rounds in
+    flight: the model is `depth - 1` rounds stale, which the recorded-search tests hold to account).
+    """
 
     def __init__(self, task: Task, strategy: Strategy, builder: Builder, runner: Runner, db: Database,
                  batch_size: int = 32, early_stop: int | None = None, faults: Sequence[str] = (),
-                 on_result: Callable[[MeasureResult], None] | None = None) -> None:
+                 on_result: Callable[[MeasureResult], None] | None = None, depth: int = 2) -> None:
         self.task, self.strategy, self.builder, self.runner, self.db = task, strategy, builder, runner, db
-        self.batch_size, self.early_stop = batch_size, early_stop
+        self.batch_size, self.early_stop, self.depth = batch_size, early_stop, depth
         self.faults = list(faults)  # test hook: the first candidates are built broken
         self.on_result = on_result or (lambda r: None)
         self.stored: list[MeasureResult] = []
@@ -74,22 +82,61 @@ class Tuner:
         self.stored = self.db.trials(expr.key, device)
         self.strategy.update(self.stored)
         history = list(self.stored)
+        best = best_of(history)
+        measurer = Measurer(expr, device, self.builder, self.runner, self.db.path, best and best.t_median)
+        inflight: deque[list[tuple[Config, Future]]] = deque()
         try:
-            while len(history) < trials and not self._stalled(history):
-                batch = min(self.batch_size, self.strategy.round_size or self.batch_size)
-                with self.watch("propose"):
-                    configs = self.strategy.propose(min(batch, trials - len(history)))
-                if not configs:
-                    break  # the space is exhausted
-                results = self._measure(self._inject(configs))
+            exhausted = False
+            while True:
+                while not exhausted and len(inflight) < self.depth and not self._stalled(history):
+                    room = trials - len(history) - sum(map(len, inflight))
+                    launched = self._launch(min(self._round(), room), measurer) if room > 0 else None
+                    if launched is None:
+                        exhausted = room > 0  # the space has nothing left to propose
+                        break
+                    inflight.append(launched)
+                if not inflight:
+                    break
+                results = self._collect(inflight.popleft())
                 with self.watch("learn"):
                     self.strategy.update(results)
                 history.extend(results)
-                history.extend(self._stored_elsewhere(history))
+                pending = {c for launched in inflight for c, _ in launched}
+                history.extend(self._stored_elsewhere(history, pending, measurer))
         finally:
+            measurer.close()
             self._release()
+            for phase, seconds in measurer.watch.spent.items():
+                self.watch.add(phase, seconds)
             self.watch.add("fit", getattr(self.strategy, "fit_s", 0.0))
         return history
+
+    def _round(self) -> int:
+        return min(self.batch_size, self.strategy.round_size or self.batch_size)
+
+    def _launch(self, n: int, measurer: Measurer) -> list[tuple[Config, Future]] | None:
+        """Propose up to n configs, take those no other tuner has, start compiling them and queue
+        them for measurement; None when the strategy has nothing left to propose."""
+        expr, device = self.task.expr, self.task.device
+        with self.watch("propose"):
+            configs = self.strategy.propose(n)
+        if not configs:
+            return None
+        configs = self._inject(configs)
+        with self.watch("store"):
+            configs = [c for c in configs if self.db.claim(expr.key, device, c, self.owner)]
+        builds = self.builder.submit(expr, self.task.family.canonical_problem(expr), configs) if configs else []
+        return [(c, measurer.submit(c, b)) for c, b in zip(configs, builds)]
+
+    def _collect(self, launched: list[tuple[Config, Future]]) -> list[MeasureResult]:
+        """The results of one round, in order, each reported as soon as it is stored."""
+        results = []
+        for _, done in launched:
+            with self.watch("wait"):
+                result = done.result()
+            self.on_result(result)
+            results.append(result)
+        return results
 
     def _release(self) -> None:
         try:
@@ -97,35 +144,19 @@ class Tuner:
         except DatabaseError:  # a full disk: claims of a process that is gone are taken over anyway
             pass
 
-    def _measure(self, configs: list[Config]) -> list[MeasureResult]:
+    def _stored_elsewhere(self, history: list[MeasureResult], pending: set[Config],
+                          measurer: Measurer) -> list[MeasureResult]:
+        """Trials that other tuners stored for this task meanwhile (the strategy learns from them
+        too); `pending` are this tuner's own in flight, which the measurer may have stored already."""
         expr, device = self.task.expr, self.task.device
-        futures = self.builder.submit(expr, self.task.family.canonical_problem(expr), configs)
-        results = []
-        for config, future in zip(configs, futures):  # measured in order while later ones compile
-            with self.watch("compile_wait"):
-                built = self.builder.result(future, config)
-            with self.watch("store"):
-                if not self.db.claim(expr.key, device, config, self.owner):
-                    continue  # stored already, or another tuner is measuring it
-            if built.status is not None:
-                result = MeasureResult(config, built.status, compile_s=built.compile_s, message=built.message)
-            else:
-                with self.watch("measure"):
-                    result = self.runner.measure(expr, config, built.compile_s)
-            with self.watch("store"):
-                self.db.save(expr.key, device, [result])  # at once: a kill loses only the trial in flight
-            self.on_result(result)
-            results.append(result)
-        return results
-
-    def _stored_elsewhere(self, history: list[MeasureResult]) -> list[MeasureResult]:
-        """Trials that other tuners stored for this task meanwhile (the strategy learns from them too)."""
-        expr, device = self.task.expr, self.task.device
-        if self.db.count(expr.key, device) <= len(history):
+        if self.db.count(expr.key, device) <= len(history) + len(pending):
             return []
-        known = {r.config for r in history}
+        known = {r.config for r in history} | pending
         fresh = [r for r in self.db.trials(expr.key, device) if r.config not in known]
         self.strategy.update(fresh)
+        for r in fresh:
+            if r.ok:
+                measurer.offer_best(r.t_median)
         return fresh
 
     def _inject(self, configs: list[Config]) -> list[Config]:

@@ -1,0 +1,39 @@
+"""The candidate timing policy: when a candidate stops being timed, and how many runs it gets.
+
+The fixtures are real H100 timings (scripts/timing_probe.py): 40 random configs of each of two
+workloads, timed run by run as the worker times candidates, after the GPU idled as it does while a
+candidate compiles."""
+import json
+from pathlib import Path
+
+import pytest
+
+from tritune.tuner.measure import LOSER, Timing, clearly_slower, runs_for
+
+FIXTURES = sorted((Path(__file__).parent / "fixtures" / "timing").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+def test_a_config_is_never_stopped_by_a_best_it_would_have_beaten(path):
+    # A candidate is stopped when the fastest of its first runs exceeds LOSER x the best median so
+    # far. If it would have been the new best (its median below that best), stopping it needs its
+    # fastest first run above LOSER x its own median: on real GPU runs that never comes near.
+    rows = json.loads(path.read_text())["rows"]
+    assert len(rows) >= 30
+    worst = max(min(r["first"]) / r["long"]["median"] for r in rows)
+    assert worst < 1 + (LOSER - 1) / 2, worst  # at most half of LOSER's margin used
+    for r in rows:
+        assert not clearly_slower(min(r["first"]), r["long"]["median"])
+
+
+def test_losers_are_stopped_and_only_with_a_best_to_compare_with():
+    assert clearly_slower(1.3, 1.0) and not clearly_slower(1.2, 1.0)
+    assert not clearly_slower(100.0, None)  # the first candidate (or a recording run) is timed in full
+
+
+def test_the_run_budget_follows_the_kernel_runtime():
+    timing = Timing(rep_ms=20.0, min_runs=20, max_runs=300)
+    assert runs_for(0.2, timing) == 100  # 20 ms of a 0.2 ms kernel
+    assert runs_for(5.0, timing) == 20  # slow kernels: never fewer than min_runs
+    assert runs_for(0.001, timing) == 300  # tiny kernels: never more than max_runs
+    assert runs_for(0.0, timing) == 300
