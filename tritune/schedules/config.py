@@ -21,7 +21,7 @@ class Config(Mapping):
     @classmethod
     def of(cls, mapping: Mapping[str, int | str] | None = None, **knobs: int | str) -> "Config":
         """Build a Config from a mapping and/or keyword knobs (order does not matter)."""
-        merged = dict(mapping or {}, **knobs)
+        merged = dict(mapping or {}, **knobs) if knobs else (mapping or {})
         return cls(tuple(sorted(merged.items())))
 
     @classmethod

@@ -93,8 +93,10 @@ class Space:
                 return
             for pos, value in enumerate(self.knobs[depth].values):
                 partial[names[depth]] = value
-                if levels[depth] and any(c(Config.of(partial)) for c in levels[depth]):
-                    continue
+                if levels[depth]:
+                    config = Config.of(partial)  # once per node, not once per constraint
+                    if any(c(config) for c in levels[depth]):
+                        continue
                 walk(depth + 1, partial, index * self._radix[depth] + pos)
             del partial[names[depth]]
 
