@@ -1,11 +1,11 @@
-"""Measurer: a thread that measures built candidates in the order they were proposed and stores
-each at once, so that the GPU works while the tuning loop proposes the next round and the compile
+"""Measurer: a thread that measures candidates as their compiles finish (in the order they were
+proposed among those built) and stores each at once, so that the GPU works while the tuning loop proposes the next round and the compile
 pool builds it."""
 from __future__ import annotations
 
 import queue
 import threading
-from concurrent.futures import Future
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
 from tritune.records.database import Database
@@ -58,7 +58,8 @@ class Measurer:
 
     def _serve(self) -> None:
         db = None
-        while (item := self._queue.get()) is not None:
+        pending: list = []
+        while (item := self._take(pending)) is not None:
             config, build, done = item
             try:
                 if self._stopping.is_set():
@@ -67,12 +68,32 @@ class Measurer:
                 done.set_result(self._one(config, build, db))
             except BaseException as exc:  # noqa: BLE001 - handed to the loop, which raises it
                 done.set_exception(exc)
+        for _, _, done in pending:
+            done.cancel()
         if db is not None:
             db.close()
 
+    def _take(self, pending: list) -> tuple | None:
+        """The next candidate to measure: the first queued whose compile has finished, else the
+        first to finish (None once closed)."""
+        while True:
+            try:
+                while True:  # take in everything queued so far
+                    item = self._queue.get_nowait() if pending else self._queue.get()
+                    if item is None:
+                        return None
+                    pending.append(item)
+            except queue.Empty:
+                pass
+            ready = next((p for p in pending if _built(p[1])), None)
+            if ready is not None:
+                pending.remove(ready)
+                return ready
+            with self.watch("compile_wait"):  # the GPU waits: nothing queued has compiled yet
+                wait([p[1] for p in pending], timeout=0.05, return_when=FIRST_COMPLETED)
+
     def _one(self, config: Config, build: Any, db: Database) -> MeasureResult:
-        with self.watch("compile_wait"):
-            built = self.builder.result(build, config)
+        built = self.builder.result(build, config)
         if built.status is not None:
             result = MeasureResult(config, built.status, compile_s=built.compile_s, message=built.message)
         else:
@@ -85,3 +106,8 @@ class Measurer:
         if result.ok:
             self.offer_best(result.t_median)
         return result
+
+
+def _built(build: Any) -> bool:
+    """Whether a build has finished (stand-in builders hand out results that always have)."""
+    return build.done() if isinstance(build, Future) else True

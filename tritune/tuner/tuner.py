@@ -1,8 +1,7 @@
 """Tuner: owns the loop propose -> build -> measure -> store -> update, its budget and stopping."""
 from __future__ import annotations
 
-from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Callable, Sequence
@@ -59,9 +58,11 @@ class Tuner:
     it is measured (a kill loses only the one in flight). Tuners sharing a database take each
     config before building it (`Database.claim`) and learn from each other's trials.
 
-    Rounds are pipelined: while round n is measured (in the measurer thread), round n+1 compiles
-    and round n+2 is proposed from what rounds up to n-1 taught the strategy (`depth` rounds in
-    flight: the model is `depth - 1` rounds stale, which the recorded-search tests hold to account).
+    Rounds are pipelined: `depth` rounds are in flight (compiling, or queued for the measurer
+    thread), and the next is proposed as soon as a round's worth of results has come back, from
+    all results so far (the model is about `depth - 1` rounds stale, which the recorded-search
+    tests hold to account). Candidates are measured as their compiles finish, so a slow compile
+    holds up neither the GPU nor the next proposal.
     """
 
     def __init__(self, task: Task, strategy: Strategy, builder: Builder, runner: Runner, db: Database,
@@ -84,25 +85,25 @@ class Tuner:
         history = list(self.stored)
         best = best_of(history)
         measurer = Measurer(expr, device, self.builder, self.runner, self.db.path, best and best.t_median)
-        inflight: deque[list[tuple[Config, Future]]] = deque()
+        inflight: list[tuple[Config, Future]] = []  # proposed, not yet measured, in proposal order
         try:
             exhausted = False
             while True:
-                while not exhausted and len(inflight) < self.depth and not self._stalled(history):
-                    room = trials - len(history) - sum(map(len, inflight))
+                # a new round goes out as soon as a round's worth has come back: `depth` rounds in flight
+                while not exhausted and len(inflight) <= (self.depth - 1) * self._round() and not self._stalled(history):
+                    room = trials - len(history) - len(inflight)
                     launched = self._launch(min(self._round(), room), measurer) if room > 0 else None
                     if launched is None:
                         exhausted = room > 0  # the space has nothing left to propose
                         break
-                    inflight.append(launched)
+                    inflight.extend(launched)
                 if not inflight:
                     break
-                results = self._collect(inflight.popleft())
+                result = self._next(inflight)
                 with self.watch("learn"):
-                    self.strategy.update(results)
-                history.extend(results)
-                pending = {c for launched in inflight for c, _ in launched}
-                history.extend(self._stored_elsewhere(history, pending, measurer))
+                    self.strategy.update([result])
+                history.append(result)
+                history.extend(self._stored_elsewhere(history, {c for c, _ in inflight}, measurer))
         finally:
             measurer.close()
             self._release()
@@ -128,15 +129,17 @@ class Tuner:
         builds = self.builder.submit(expr, self.task.family.canonical_problem(expr), configs) if configs else []
         return [(c, measurer.submit(c, b)) for c, b in zip(configs, builds)]
 
-    def _collect(self, launched: list[tuple[Config, Future]]) -> list[MeasureResult]:
-        """The results of one round, in order, each reported as soon as it is stored."""
-        results = []
-        for _, done in launched:
-            with self.watch("wait"):
-                result = done.result()
-            self.on_result(result)
-            results.append(result)
-        return results
+    def _next(self, inflight: list[tuple[Config, Future]]) -> MeasureResult:
+        """The first result in proposal order among those measured, else the next to be measured
+        (a candidate still compiling holds up no other); taken out of `inflight` and reported."""
+        with self.watch("wait"):
+            ready = next((i for i, (_, f) in enumerate(inflight) if f.done()), None)
+            if ready is None:
+                wait([f for _, f in inflight], return_when=FIRST_COMPLETED)
+                ready = next(i for i, (_, f) in enumerate(inflight) if f.done())
+            result = inflight.pop(ready)[1].result()
+        self.on_result(result)
+        return result
 
     def _release(self) -> None:
         try:
