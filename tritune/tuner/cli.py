@@ -60,10 +60,10 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 @contextmanager
-def tuning(db_path: str | None, options: Any) -> Iterator[tuple[Any, Database]]:
+def tuning(db_path: str | None, options: Any, meanwhile: Any = None) -> Iterator[tuple[Any, Database]]:
     """The GPU session and the database to tune into. A bad database file is reported first and a
     missing GPU next (one line each); the database is created only once the GPU worker is up (the
-    parent never imports torch: the worker's start is the GPU check)."""
+    worker's start is the GPU check). `meanwhile` runs while the worker starts."""
     from tritune.tuner.runner import WorkerDied
     from tritune.tuner.session import gpu_session
 
@@ -71,7 +71,7 @@ def tuning(db_path: str | None, options: Any) -> Iterator[tuple[Any, Database]]:
         open_db(db_path, must_exist=True).close()  # a bad file is reported before anything else
     with ExitStack() as stack:
         try:
-            gpu = stack.enter_context(gpu_session(options))
+            gpu = stack.enter_context(gpu_session(options, meanwhile))
         except WorkerDied as exc:
             click.echo(f"tune-cli: {exc}", err=True)
             sys.exit(EXIT_NO_GPU)
@@ -144,18 +144,25 @@ def tune_model(model_spec, input_shapes, dtype, trials, strategy, seed, summary_
 
     if strategy not in REGISTRY:
         raise UsageError(f"unknown strategy {strategy!r}; known: {', '.join(sorted(REGISTRY))}")
-    try:
-        planned = tm.plan(tm.model_tasks(model_spec, input_shapes, dtype), trials)
-    except tm.ModelError as exc:
-        raise UsageError(str(exc)) from None
-    out.print(tm.plan_table(planned))
     if dry_run:
+        out.print(tm.plan_table(_planned(tm, model_spec, input_shapes, dtype, trials)))
         return
     options = TuneOptions(strategy=strategy, seed=seed)
-    with tuning(db_path, options) as (gpu, db):
+    planned: list = []
+    capture = lambda: planned.extend(_planned(tm, model_spec, input_shapes, dtype, trials))  # noqa: E731
+    with tuning(db_path, options, capture) as (gpu, db):  # the model is captured while the GPU worker starts
+        out.print(tm.plan_table(planned))
         summaries = tm.tune_all(planned, db, options, gpu)
     if summary_json:
         Path(summary_json).write_text(json.dumps(summaries, indent=2))
+
+
+def _planned(tm: Any, model_spec: str, input_shapes: tuple[str, ...], dtype: str, trials: int) -> list:
+    """The model's tasks and their trials; anything the user must fix is one line, exit code 2."""
+    try:
+        return tm.plan(tm.model_tasks(model_spec, input_shapes, dtype), trials)
+    except tm.ModelError as exc:
+        raise UsageError(str(exc)) from None
 
 
 @cli.command()

@@ -107,9 +107,9 @@ class Runner:
     def _spawn(self) -> None:
         self._starts += 1
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_serve, args=(child, self._handlers, self.timing, os.getpid()),
-                                       daemon=True)
-        self._proc.start()
+        proc = self._ctx.Process(target=_serve, args=(child, self._handlers, self.timing, os.getpid()), daemon=True)
+        proc.start()  # only a started process is ever kept (closing one that never started failed)
+        self._proc = proc
         child.close()
         self._conn = parent
         # handshake, so that start-up (torch import, CUDA init) never counts against a candidate

@@ -3,6 +3,7 @@ with torch, report."""
 from __future__ import annotations
 
 import importlib
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -49,10 +50,11 @@ def device_task(expr: Any, info: dict) -> Task:
     return Task(expr, device_key(info, expr.op), device_limits(info))
 
 
-def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
-              workers: int | None = None) -> tuple[Runner, Builder]:
+def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0, workers: int | None = None,
+              meanwhile: Callable[[], None] | None = None) -> tuple[Runner, Builder]:
     """Start the GPU worker and the compile pool together; while the worker comes up (seconds of
-    imports and CUDA start), load what the run will need; then give the pool the device's target."""
+    imports and CUDA start), load what the run will need and run `meanwhile` (e.g. capturing a
+    model); then give the pool the device's target."""
     from triton.backends.compiler import GPUTarget
 
     fake = importlib.import_module(SETTINGS.fake_gpu) if SETTINGS.fake_gpu else None
@@ -64,6 +66,8 @@ def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
         if fake:
             builder.build = fake.build
         preload()
+        if meanwhile is not None:
+            meanwhile()
         info = runner.device_info()
         major, minor = (int(x) for x in info["capability"].split("."))
         builder.start(GPUTarget("cuda", major * 10 + minor, 32), device_limits(info).shared_bytes)
@@ -76,10 +80,11 @@ def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
 
 
 @contextmanager
-def gpu_session(options: TuneOptions) -> Iterator[tuple[Runner, Builder]]:
-    """One GPU worker and compile pool, for tuning one workload or several in turn; both are
-    stopped at the end, at once if the run was interrupted or failed."""
-    runner, builder = start_gpu(timeout_s=options.timeout_s, seed=options.seed, workers=options.workers)
+def gpu_session(options: TuneOptions, meanwhile: Callable[[], None] | None = None) -> Iterator[tuple[Runner, Builder]]:
+    """One GPU worker and compile pool, for tuning one workload or several in turn (`meanwhile`
+    runs while they start); both are stopped at the end, at once if the run was interrupted or failed."""
+    runner, builder = start_gpu(timeout_s=options.timeout_s, seed=options.seed, workers=options.workers,
+                                meanwhile=meanwhile)
     interrupted = True
     try:
         yield runner, builder
@@ -102,24 +107,48 @@ def tune_all(exprs: Sequence[Any], db: Database, options: TuneOptions, trials: S
         with gpu_session(options) as started:
             return tune_all(exprs, db, options, trials, announce, started)
     budgets = list(trials) if trials is not None else [options.trials] * len(exprs)
+    tasks = [device_task(expr, gpu[0].device_info()) for expr in exprs]
+    enumerated = _enumerate_ahead(tasks)
     summaries = []
-    for i, (expr, n) in enumerate(zip(exprs, budgets)):
+    for i, (task, n) in enumerate(zip(tasks, budgets)):
         if announce is not None:
-            announce(i, expr, n)
-        summaries.append(tune(expr, db, replace(options, trials=n), gpu))
+            announce(i, task.expr, n)
+        enumerated[i].wait()
+        summaries.append(tune(task.expr, db, replace(options, trials=n), gpu, task))
     return summaries
 
 
-def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Builder] | None = None) -> dict:
+def _enumerate_ahead(tasks: Sequence[Task]) -> list[threading.Event]:
+    """Enumerate the tasks' spaces in order in a background thread (seconds each for mid-size
+    matmuls), so that later workloads' spaces are ready when their turn comes; an event per task
+    says its space is done (or failed: tuning it then meets the error itself)."""
+    done = [threading.Event() for _ in tasks]
+
+    def work() -> None:
+        for task, event in zip(tasks, done):
+            try:
+                task.space.valid_indices
+            except Exception:  # noqa: BLE001 - raised again, with its context, when the task is tuned
+                pass
+            finally:
+                event.set()
+    # a daemon: an interrupted run must not wait for an enumeration nobody needs any more
+    threading.Thread(target=work, name="tritune-spaces", daemon=True).start()
+    return done
+
+
+def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Builder] | None = None,
+         task: Task | None = None) -> dict:
     """Tune `expr`, print progress and the final table, and return the summary numbers; `gpu` is a
-    started `gpu_session` to reuse (else one is started for this workload alone)."""
+    started `gpu_session` to reuse (else one is started for this workload alone), `task` the
+    expression's task on its device if already made."""
     if gpu is None:
         with gpu_session(options) as started:
-            return tune(expr, db, options, started)
+            return tune(expr, db, options, started, task)
     start = time.time()
     runner, builder = gpu
     before = [w.snapshot() for w in _watches(runner, builder)]
-    task = device_task(expr, runner.device_info())
+    task = task or device_task(expr, runner.device_info())
     nothing = {"workload": expr.to_dict(), "trials": 0, "best_config": None, "space_valid": 0}
     if not len(task.space.valid_indices):
         display.console.print(f"[red]{expr.describe()}: no config of the space can run on this GPU[/red]")
