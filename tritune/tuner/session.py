@@ -3,7 +3,6 @@ with torch, report."""
 from __future__ import annotations
 
 import importlib
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -107,48 +106,24 @@ def tune_all(exprs: Sequence[Any], db: Database, options: TuneOptions, trials: S
         with gpu_session(options) as started:
             return tune_all(exprs, db, options, trials, announce, started)
     budgets = list(trials) if trials is not None else [options.trials] * len(exprs)
-    tasks = [device_task(expr, gpu[0].device_info()) for expr in exprs]
-    enumerated = _enumerate_ahead(tasks)
     summaries = []
-    for i, (task, n) in enumerate(zip(tasks, budgets)):
+    for i, (expr, n) in enumerate(zip(exprs, budgets)):
         if announce is not None:
-            announce(i, task.expr, n)
-        enumerated[i].wait()
-        summaries.append(tune(task.expr, db, replace(options, trials=n), gpu, task))
+            announce(i, expr, n)
+        summaries.append(tune(expr, db, replace(options, trials=n), gpu))
     return summaries
 
 
-def _enumerate_ahead(tasks: Sequence[Task]) -> list[threading.Event]:
-    """Enumerate the tasks' spaces in order in a background thread (seconds each for mid-size
-    matmuls), so that later workloads' spaces are ready when their turn comes; an event per task
-    says its space is done (or failed: tuning it then meets the error itself)."""
-    done = [threading.Event() for _ in tasks]
-
-    def work() -> None:
-        for task, event in zip(tasks, done):
-            try:
-                task.space.valid_indices
-            except Exception:  # noqa: BLE001 - raised again, with its context, when the task is tuned
-                pass
-            finally:
-                event.set()
-    # a daemon: an interrupted run must not wait for an enumeration nobody needs any more
-    threading.Thread(target=work, name="tritune-spaces", daemon=True).start()
-    return done
-
-
-def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Builder] | None = None,
-         task: Task | None = None) -> dict:
+def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Builder] | None = None) -> dict:
     """Tune `expr`, print progress and the final table, and return the summary numbers; `gpu` is a
-    started `gpu_session` to reuse (else one is started for this workload alone), `task` the
-    expression's task on its device if already made."""
+    started `gpu_session` to reuse (else one is started for this workload alone)."""
     if gpu is None:
         with gpu_session(options) as started:
-            return tune(expr, db, options, started, task)
+            return tune(expr, db, options, started)
     start = time.time()
     runner, builder = gpu
     before = [w.snapshot() for w in _watches(runner, builder)]
-    task = task or device_task(expr, runner.device_info())
+    task = device_task(expr, runner.device_info())
     nothing = {"workload": expr.to_dict(), "trials": 0, "best_config": None, "space_valid": 0}
     if not len(task.space.valid_indices):
         display.console.print(f"[red]{expr.describe()}: no config of the space can run on this GPU[/red]")
