@@ -95,6 +95,12 @@ class Builder:
             for _ in range(self.workers):
                 self._pool.submit(warm_up, target)
 
+    def background(self, fn: Any, *args: Any) -> Future:
+        """Run other CPU work of the run in a pool process (e.g. enumerating the next workloads'
+        spaces: seconds of Python that a thread would take from the loop through the GIL)."""
+        with self._lock:
+            return self._pool.submit(fn, *args)
+
     def submit(self, expr: Any, problem: Any, configs: Sequence[Config]) -> list[Future]:
         """Start compiling each config; futures resolve to BuildResult."""
         with self._lock:

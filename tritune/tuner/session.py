@@ -106,24 +106,50 @@ def tune_all(exprs: Sequence[Any], db: Database, options: TuneOptions, trials: S
         with gpu_session(options) as started:
             return tune_all(exprs, db, options, trials, announce, started)
     budgets = list(trials) if trials is not None else [options.trials] * len(exprs)
+    tasks = [device_task(expr, gpu[0].device_info()) for expr in exprs]
+    spaces = _enumerate_ahead(tasks[1:], gpu[1])
     summaries = []
-    for i, (expr, n) in enumerate(zip(exprs, budgets)):
+    for i, (task, n) in enumerate(zip(tasks, budgets)):
         if announce is not None:
-            announce(i, expr, n)
-        summaries.append(tune(expr, db, replace(options, trials=n), gpu))
+            announce(i, task.expr, n)
+        if i and spaces[i - 1] is not None:
+            _take_valid(task, spaces[i - 1])
+        summaries.append(tune(task.expr, db, replace(options, trials=n), gpu, task))
     return summaries
 
 
-def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Builder] | None = None) -> dict:
+def valid_indices(task: Task) -> Any:
+    """The valid configs of a task's space (run in a pool process)."""
+    return task.space.valid_indices
+
+
+def _enumerate_ahead(tasks: Sequence[Task], builder: Builder) -> list[Any]:
+    """Start enumerating the spaces of later workloads in the compile pool (seconds each for
+    mid-size matmuls) while the first ones tune; a future per task, None where the builder cannot."""
+    background = getattr(builder, "background", None)
+    return [background(valid_indices, task) if background else None for task in tasks]
+
+
+def _take_valid(task: Task, future: Any) -> None:
+    """Give a task the space enumerated in the pool (else it enumerates its own when first asked)."""
+    try:
+        task.space.__dict__["valid_indices"] = future.result()  # fills the cached property
+    except Exception:  # noqa: BLE001 - a pool that died: the task enumerates in this process
+        pass
+
+
+def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Builder] | None = None,
+         task: Task | None = None) -> dict:
     """Tune `expr`, print progress and the final table, and return the summary numbers; `gpu` is a
-    started `gpu_session` to reuse (else one is started for this workload alone)."""
+    started `gpu_session` to reuse (else one is started for this workload alone), `task` the
+    expression's task on that GPU where already made."""
     if gpu is None:
         with gpu_session(options) as started:
-            return tune(expr, db, options, started)
+            return tune(expr, db, options, started, task)
     start = time.time()
     runner, builder = gpu
     before = [w.snapshot() for w in _watches(runner, builder)]
-    task = device_task(expr, runner.device_info())
+    task = task or device_task(expr, runner.device_info())
     nothing = {"workload": expr.to_dict(), "trials": 0, "best_config": None, "space_valid": 0}
     if not len(task.space.valid_indices):
         display.console.print(f"[red]{expr.describe()}: no config of the space can run on this GPU[/red]")
