@@ -194,3 +194,23 @@ def test_wal_mode_and_parent_dirs(tmp_path):
     conn = sqlite3.connect(tmp_path / "a" / "b" / "t.db")
     assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)  # persisted in the file
     conn.close()
+
+
+def test_a_second_connection_keeps_every_commit_visible_to_other_processes(tmp_path):
+    # The measuring thread opens its own connection while the loop's is open. Reading the file
+    # with anything but SQLite then (the file check of a fresh open) drops the process's POSIX
+    # locks: another process that opens and closes the database takes itself for the last user,
+    # resets the WAL, and every later commit of this process is lost (without `checked=True`
+    # this test sees 0 trials).
+    import subprocess
+    import sys
+
+    path = tmp_path / "t.db"
+    db = Database(path)
+    db.add_workload("w", "matmul", "fp16", "{}")
+    second = Database(path, checked=True)
+    count = f"import sqlite3; print(sqlite3.connect({str(path)!r}).execute('SELECT COUNT(*) FROM trials').fetchone()[0])"
+    subprocess.run([sys.executable, "-c", count], check=True, capture_output=True)  # opens, reads, closes
+    for i in range(5):
+        second.save("w", H100, [MeasureResult(Config.of(i=i), Status.OK, 1.0, 1.0, 1.0, 1.0)])
+    assert int(subprocess.run([sys.executable, "-c", count], check=True, capture_output=True, text=True).stdout) == 5

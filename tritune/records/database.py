@@ -93,9 +93,15 @@ class BestRow:
 class Database:
     """The tuning database at one path: created on first use, checked before anything is written."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, checked: bool = False) -> None:
+        """`checked`: a second connection (for another thread) to a file this process already has
+        open. It must not be read with anything but SQLite then: closing any descriptor of the file
+        drops every POSIX lock the process holds on it, and another process may then take itself
+        for the last user and reset the WAL under the open connections (their commits were lost:
+        SQLite's "How To Corrupt", section 2.2)."""
         self.path = Path(path)
-        _check_file(self.path)
+        if not checked:
+            _check_file(self.path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite_utils.Database(sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S))

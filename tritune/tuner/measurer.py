@@ -64,7 +64,7 @@ class Measurer:
             try:
                 if self._stopping.is_set():
                     raise Stopped()
-                db = db or Database(self._db_path)
+                db = db or Database(self._db_path, checked=True)  # the loop's connection has it open
                 done.set_result(self._one(config, build, db))
             except BaseException as exc:  # noqa: BLE001 - handed to the loop, which raises it
                 done.set_exception(exc)
