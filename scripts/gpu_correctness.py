@@ -20,9 +20,8 @@ import sys
 import numpy as np
 import torch
 
-from triton.backends.compiler import GPUTarget
-
 from tritune.kernels.contraction.expr import Matmul
+from tritune.kernels.device import device_info
 from tritune.kernels.epilogue import BiasAdd, Gelu, Relu, Scale
 from tritune.kernels.family import REGISTRY, family
 from tritune.records.result import Status
@@ -31,6 +30,7 @@ from tritune.schedules.space import Limits
 from tritune.tuner.builder import Builder
 from tritune.tuner.measure import Timing, rel_error
 from tritune.tuner.runner import Runner
+from tritune.tuner.session import device_target
 
 SHAPES = [(1, 1, 4096, 4096), (1, 37, 29, 53), (3, 129, 257, 67), (2, 1000, 1, 300), (1, 3000, 5000, 1000)]
 EPILOGUES = [(), (BiasAdd(),), (Scale(0.125),), (Relu(),), (Gelu(),), (Gelu("tanh"),),
@@ -102,8 +102,7 @@ def fault_rows() -> list[dict]:
 
 def precompile(pairs: list) -> None:
     """Compile every case in parallel first (fills Triton's cache; the checks then load binaries)."""
-    major, minor = torch.cuda.get_device_capability()
-    builder = Builder(GPUTarget("cuda", major * 10 + minor, 32))
+    builder = Builder(device_target(device_info()))
     futures = [(c, builder.submit(e, family(e.op).canonical_problem(e), [c])[0]) for e, c in pairs]
     failed = [r for r in (builder.result(f, c) for c, f in futures) if r.status is not None]
     builder.close()

@@ -20,7 +20,7 @@ from tritune.kernels.device import device_info
 from tritune.kernels.family import family, parse_expr
 from tritune.tuner.builder import Builder
 from tritune.tuner.measure import Timing, quantiles, rel_error, runs_for, seed_for, timed_runs, warm_up
-from tritune.tuner.session import device_limits, device_task
+from tritune.tuner.session import device_limits, device_target, device_task
 
 LONG_RUNS = 400  # the long timing every config is compared with
 
@@ -59,10 +59,7 @@ def main() -> None:
     info = device_info()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from triton.backends.compiler import GPUTarget
-
-    major, minor = (int(v) for v in info["capability"].split("."))
-    builder = Builder(GPUTarget("cuda", major * 10 + minor, 32), device_limits(info).shared_bytes)
+    builder = Builder(device_target(info), device_limits(info).shared_bytes)
     for shape in args.shape:
         expr = parse_expr("matmul", shape, args.dtype)
         task = device_task(expr, info)

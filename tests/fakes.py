@@ -20,6 +20,9 @@ class FakeBuilder:
     def start(self, target, shared_limit=0):
         pass
 
+    def background(self, fn, *args):
+        return DoneFuture(fn(*args))
+
     def submit(self, expr, problem, configs):
         self.built.extend(configs)
         return [DoneFuture(BuildResult(c, Status.COMPILE_ERROR, 0.5, message="boom") if self.fails(c)

@@ -103,12 +103,15 @@ class Builder:
 
     def submit(self, expr: Any, problem: Any, configs: Sequence[Config]) -> list[Future]:
         """Start compiling each config; futures resolve to BuildResult."""
+        def each() -> list[Future]:
+            return [self._pool.submit(self.build, expr, c, problem, self.target, self.shared_limit) for c in configs]
+
         with self._lock:
             try:
-                futures = [self._pool.submit(self.build, expr, c, problem, self.target, self.shared_limit) for c in configs]
+                futures = each()
             except BrokenProcessPool:  # died under earlier candidates: their futures say so, these go to a new pool
                 self._replace(self._pool)
-                futures = [self._pool.submit(self.build, expr, c, problem, self.target, self.shared_limit) for c in configs]
+                futures = each()
             for f in futures:
                 self._jobs[f] = (expr, problem, self._pool)
         return futures

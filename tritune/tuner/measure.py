@@ -153,7 +153,7 @@ def quantiles(times: list[float]) -> tuple[float, ...]:
     """(min, p20, median, p80) of run times, interpolated as do_bench reports them."""
     import numpy as np
 
-    return tuple(float(q) for q in np.quantile(times, QUANTILES))  # interpolated, as do_bench reports
+    return tuple(float(q) for q in np.quantile(times, QUANTILES))
 
 
 _flush: list = []

@@ -76,21 +76,26 @@ class Measurer:
     def _take(self, pending: list) -> tuple | None:
         """The next candidate to measure: the first queued whose compile has finished, else the
         first to finish (None once closed)."""
-        while True:
-            try:
-                while True:  # take in everything queued so far
-                    item = self._queue.get_nowait() if pending else self._queue.get()
-                    if item is None:
-                        return None
-                    pending.append(item)
-            except queue.Empty:
-                pass
+        while self._drain(pending):
             ready = next((p for p in pending if _built(p[1])), None)
             if ready is not None:
                 pending.remove(ready)
                 return ready
             with self.watch("compile_wait"):  # the GPU waits: nothing queued has compiled yet
                 wait([p[1] for p in pending], timeout=0.05, return_when=FIRST_COMPLETED)
+        return None
+
+    def _drain(self, pending: list) -> bool:
+        """Move everything queued into `pending` (waiting for something when nothing is pending);
+        False once the measurer is closed."""
+        while True:
+            try:
+                item = self._queue.get_nowait() if pending else self._queue.get()
+            except queue.Empty:
+                return True
+            if item is None:
+                return False
+            pending.append(item)
 
     def _one(self, config: Config, build: Any, db: Database) -> MeasureResult:
         built = self.builder.result(build, config)

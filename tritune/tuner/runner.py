@@ -24,13 +24,12 @@ def gpu_handlers(timing: Timing) -> dict[str, Callable[[dict], Any]]:
     """The worker's request handlers on a real GPU."""
     import torch
 
-    from tritune.kernels.device import device_info
     from tritune.tuner import measure
 
     # the float64 reference must not silently drop to tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     return {
-        "info": lambda p: _device(device_info),
+        "info": lambda p: _device(),
         "measure": lambda p: measure.measure_candidate(p["expr"], p["config"], p["seed"], timing, p.get("best_ms")),
         "torch": lambda p: measure.measure_torch(p["expr"], p["seed"], timing),
         "head_to_head": lambda p: measure.head_to_head(p["expr"], p["config"], p["seed"]),
@@ -41,9 +40,11 @@ NO_GPU = ("no CUDA GPU found (torch.cuda.is_available() is False); tuning measur
           "`tune-cli best`, `export` and `import` work, and the tests run kernels under TRITON_INTERPRET=1.")
 
 
-def _device(device_info: Callable[[], dict]) -> dict:
+def _device() -> dict:
     """The worker's device facts; the worker's start is where a missing GPU is found."""
     import torch
+
+    from tritune.kernels.device import device_info
 
     if not torch.cuda.is_available():
         raise RuntimeError(NO_GPU)

@@ -44,6 +44,14 @@ def device_limits(info: dict) -> Limits:
     return Limits(info["shared_bytes"] or known.shared_bytes, info["sms"] or known.sms)
 
 
+def device_target(info: dict) -> Any:
+    """Triton's compile target for the GPU the runner reported."""
+    from triton.backends.compiler import GPUTarget
+
+    major, minor = (int(x) for x in info["capability"].split("."))
+    return GPUTarget("cuda", major * 10 + minor, 32)
+
+
 def device_task(expr: Any, info: dict) -> Task:
     """The task for an expression on the GPU the runner reported."""
     return Task(expr, device_key(info, expr.op), device_limits(info))
@@ -54,8 +62,6 @@ def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
     """Start the GPU worker and the compile pool together; while the worker comes up (seconds of
     imports and CUDA start), load what the run will need and run `meanwhile` (e.g. capturing a
     model); then give the pool the device's target."""
-    from triton.backends.compiler import GPUTarget
-
     fake = importlib.import_module(SETTINGS.fake_gpu) if SETTINGS.fake_gpu else None
     runner = Runner(timing, timeout_s=timeout_s, seed=seed, **({"handlers": fake.handlers} if fake else {}))
     builder = None
@@ -68,8 +74,7 @@ def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
         if meanwhile is not None:
             meanwhile()
         info = runner.device_info()
-        major, minor = (int(x) for x in info["capability"].split("."))
-        builder.start(GPUTarget("cuda", major * 10 + minor, 32), device_limits(info).shared_bytes)
+        builder.start(device_target(info), device_limits(info).shared_bytes)
     except BaseException:
         if builder is not None:
             builder.close(now=True)
@@ -112,7 +117,7 @@ def tune_all(exprs: Sequence[Any], db: Database, options: TuneOptions, trials: S
     for i, (task, n) in enumerate(zip(tasks, budgets)):
         if announce is not None:
             announce(i, task.expr, n)
-        if i and spaces[i - 1] is not None:
+        if i:
             _take_valid(task, spaces[i - 1])
         summaries.append(tune(task.expr, db, replace(options, trials=n), gpu, task))
     return summaries
@@ -125,9 +130,8 @@ def valid_indices(task: Task) -> Any:
 
 def _enumerate_ahead(tasks: Sequence[Task], builder: Builder) -> list[Any]:
     """Start enumerating the spaces of later workloads in the compile pool (seconds each for
-    mid-size matmuls) while the first ones tune; a future per task, None where the builder cannot."""
-    background = getattr(builder, "background", None)
-    return [background(valid_indices, task) if background else None for task in tasks]
+    mid-size matmuls) while the first ones tune; a future per task."""
+    return [builder.background(valid_indices, task) for task in tasks]
 
 
 def _take_valid(task: Task, future: Any) -> None:

@@ -89,21 +89,13 @@ class Tuner:
         try:
             exhausted = False
             while True:
-                # a new round goes out as soon as a round's worth has come back: `depth` rounds in flight
-                while not exhausted and len(inflight) <= (self.depth - 1) * self._round() and not self._stalled(history):
-                    room = trials - len(history) - len(inflight)
-                    launched = self._launch(min(self._round(), room), measurer) if room > 0 else None
-                    if launched is None:
-                        exhausted = room > 0  # the space has nothing left to propose
-                        break
-                    inflight.extend(launched)
+                exhausted = exhausted or self._fill(inflight, history, trials, measurer)
                 if not inflight:
                     break
                 result = self._next(inflight)
                 with self.watch("learn"):
                     self.strategy.update([result])
                 history.append(result)
-                history.extend(self._stored_elsewhere(history, {c for c, _ in inflight}, measurer))
         finally:
             measurer.close()
             self._release()
@@ -111,6 +103,22 @@ class Tuner:
                 self.watch.add(phase, seconds)
             self.watch.add("fit", getattr(self.strategy, "fit_s", 0.0))
         return history
+
+    def _fill(self, inflight: list[tuple[Config, Future]], history: list[MeasureResult], trials: int,
+              measurer: Measurer) -> bool:
+        """Keep `depth` rounds in flight: a new round goes out as soon as a round's worth has come
+        back (after taking in what other tuners stored meanwhile). True once the space has nothing
+        left to propose."""
+        while len(inflight) <= (self.depth - 1) * self._round() and not self._stalled(history):
+            history.extend(self._stored_elsewhere(history, {c for c, _ in inflight}, measurer))
+            room = trials - len(history) - len(inflight)
+            if room <= 0:
+                return False
+            launched = self._launch(min(self._round(), room), measurer)
+            if launched is None:
+                return True
+            inflight.extend(launched)
+        return False
 
     def _round(self) -> int:
         return min(self.batch_size, self.strategy.round_size or self.batch_size)
