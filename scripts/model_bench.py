@@ -1,285 +1,302 @@
-"""The example transformer block (scripts/example_model.py) on one GPU, in one run:
+"""Never slower than torch.compile: the zoo's architectures (scripts/zoo.py, random weights) at a
+prefill shape (1, 2048, hidden) and a decode shape (16, 1, hidden); Inductor's default,
+max-autotune and reduce-overhead against tritune's backend, alone and over CUDA graphs.
 
-1. tune (or resume) its contraction workloads into a database, --trials per workload (sa search,
-   rounds of 8);
-2. per variant, in a subprocess with fresh TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR, compile
-   torch.compile(backend=tritune.compiler(db)), torch.compile() and torch.compile(mode="max-autotune")
-   from a cold cache (time to the end of the first call), check the output against eager, then time
-   it warmed up (triton.testing.do_bench medians, L2 flushed, under no_grad; eager timed in each
-   subprocess too, to show drift between them);
-3. the dispatch overhead of tritune.ops.matmul over launching the same Kernel directly (same tensors,
-   a small problem so that the host side bounds both; median per call of many calls), with real
-   launches and with the launch stubbed out (the Python path alone).
+    python3 scripts/model_bench.py --out DIR [--models llama,gpt2,bert] [--shapes prefill,decode]
+            [--phases tune,compile,latency,overhead] [--db PATH] [--dtype fp16] [--rounds 5]
+            [--variants LIST] [--device cuda] [--hidden N] [--child-timeout 300]
 
-Prints a compact table last and writes DIR/model_bench.json.
+Variants: default, max-autotune, reduce-overhead (torch.compile's modes), tritune
+(backend=tritune.compiler(db)) and tritune-ro (tritune.compiler(db, mode="reduce-overhead")).
+Each phase runs on its own and merges its results into DIR/model_bench.json:
 
-    python scripts/model_bench.py --out DIR [--trials 32] [--hidden 4096] [--tokens 2048] [--dtype fp16]
-    python scripts/model_bench.py --overhead-only   # no GPU needed: host path, interpreter, launch stubbed
+- tune: `python -m tritune tune-model` per model and shape into --db [DIR/tuning.db] (a rerun
+  resumes); output in DIR/tune_MODEL_SHAPE.log;
+- compile: a subprocess per model, shape and variant [prefill: default, max-autotune, tritune;
+  decode: default, reduce-overhead, tritune-ro], with empty Inductor and Triton caches: seconds
+  from torch.compile to the end of the first call, error against eager, the backend's sites;
+- latency: a subprocess per model and shape compiles its variants [all; at decode not
+  max-autotune] and times them and eager in turns, --rounds rounds of do_bench medians; it
+  replaces that model and shape's earlier entry (its ratios hold within one process);
+- overhead: host µs per call of a 64x64x64 matmul replayed by tritune and as Inductor's own
+  Triton template (2000 calls back to back, 15 alternating repeats, medians).
+
+The final table comes last. Without a GPU (and --device cuda): one line on stderr, exit code 3.
+What the subprocesses run is in scripts/bench_children.py.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import os
 import shutil
-import statistics
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
+from bench_children import SHAPES, hidden_of
+
 HERE = Path(__file__).resolve().parent
-DEVICE = "cuda"
-VARIANTS = ("tritune", "default", "max-autotune")
+MODELS = ("llama", "gpt2", "bert")
+VARIANTS = ("default", "max-autotune", "reduce-overhead", "tritune", "tritune-ro")
+LATENCY_VARIANTS = {"prefill": VARIANTS, "decode": ("default", "reduce-overhead", "tritune", "tritune-ro")}
+COMPILE_VARIANTS = {"prefill": ("default", "max-autotune", "tritune"), "decode": ("default", "reduce-overhead", "tritune-ro")}
+PHASES = ("tune", "compile", "latency", "overhead")
+FORMAT = "model_bench/2"  # of DIR/model_bench.json
+# (ours, theirs, what, target): never slower than torch.compile, and a cheaper compile than max-autotune's
+TARGETS = (("tritune", "default", "latency", 1.0), ("tritune-ro", "reduce-overhead", "latency", 1.0),
+           ("tritune", "default", "compile", 1.2), ("tritune", "max-autotune", "compile", 0.25))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="model-bench", help="directory for the database, caches and JSON")
+    p.add_argument("--out", required=True, help="directory for the database, logs and model_bench.json")
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated factories of scripts/zoo.py")
+    p.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated: " + ", ".join(SHAPES))
+    p.add_argument("--phases", default=",".join(PHASES), help="comma-separated: " + ", ".join(PHASES))
     p.add_argument("--db", default=None, help="tuning database [default: OUT/tuning.db]")
-    p.add_argument("--trials", type=int, default=32, help="trials per workload (a rerun resumes)")
-    p.add_argument("--skip-tune", action="store_true", help="use the database as it is")
-    p.add_argument("--hidden", type=int, default=4096)
-    p.add_argument("--heads", type=int, default=32)
-    p.add_argument("--tokens", type=int, default=2048)
     p.add_argument("--dtype", default="fp16", choices=("fp16", "bf16", "fp32"))
-    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))
-    p.add_argument("--child-timeout", type=float, default=300.0, help="seconds per variant subprocess")
-    p.add_argument("--overhead-only", action="store_true", help="only measure the dispatch overhead")
-    p.add_argument("--child", default=None, help=argparse.SUPPRESS)  # internal: compile and time one variant
+    p.add_argument("--rounds", type=int, default=5, help="latency rounds (each times every variant once)")
+    p.add_argument("--variants", default=None, help="comma-separated subset of " + ", ".join(VARIANTS))
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--hidden", type=int, default=None, help="hidden size [default: the factory's]")
+    p.add_argument("--child-timeout", type=float, default=300.0, help="seconds per subprocess")
+    p.add_argument("--child", default=None, choices=("compile", "latency", "overhead"), help=argparse.SUPPRESS)
     p.add_argument("--child-json", default=None, help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for name, known in (("models", MODELS), ("shapes", SHAPES), ("phases", PHASES), ("variants", VARIANTS)):
+        items = getattr(args, name).split(",") if getattr(args, name) else None
+        if items and any(i not in known for i in items):
+            p.error(f"--{name}: {getattr(args, name)!r} is not a comma-separated subset of {', '.join(known)}")
+        setattr(args, name, items)
+    # absolute: the children run in the repository's root
+    args.out = str(Path(args.out).resolve())
+    args.db = str(Path(args.db).resolve()) if args.db else str(Path(args.out) / "tuning.db")
+    return args
 
 
-def make_model(args: argparse.Namespace) -> tuple:
-    """The block with seeded weights, and a seeded input, on the device, in the dtype."""
-    import torch
+# ----- the parent: subprocesses, merged results
 
-    sys.path.insert(0, str(HERE))
-    from example_model import Block
-
-    from tritune.kernels.expr import torch_dtype
-
-    torch.manual_seed(0)
-    with torch.device(DEVICE):
-        model = Block(args.hidden, args.heads).to(torch_dtype(args.dtype)).eval()
-        x = torch.randn(1, args.tokens, args.hidden, dtype=torch_dtype(args.dtype))
-    return model, x
-
-
-# ----- 1. tuning
-
-def tune(args: argparse.Namespace, db_path: Path) -> list[dict]:
-    """Extract the block's workloads and tune each with --trials (resuming what is stored)."""
-    import torch
-
-    from tritune.kernels.frontend.extract import extract_tasks
-    from tritune.records.database import Database
-    from tritune.tuner import tune_model
-    from tritune.tuner.session import TuneOptions
-
-    model, x = make_model(args)
-    tasks = extract_tasks(model, (x,))
-    del model, x
-    torch.cuda.empty_cache()
-    planned = tune_model.plan(tasks, args.trials * len(tasks), floor=args.trials)
-    print("\n".join(f"task: {p.task.describe()}, {p.trials} trials" for p in planned), flush=True)
-    with Database(db_path) as db:
-        summaries = tune_model.tune_all(planned, db, TuneOptions(strategy="sa", seed=0, batch_size=8))
-    return [{k: s.get(k) for k in ("workload", "count", "trials", "best_config", "best_median_ms",
-                                    "final_ours_ms", "final_torch_ms", "ratio_vs_torch", "wall_s")} for s in summaries]
+def spawn(cmd: list[str], log: Path, timeout: float, env: dict | None = None) -> tuple[int | str, float]:
+    """Run cmd, its output streamed to log: (exit code or 'timeout', wall seconds). The child leads
+    a process group, so that a timeout (or SIGTERM to this script) stops its workers too."""
+    start = time.perf_counter()
+    with open(log, "w") as fp:
+        proc = subprocess.Popen(cmd, stdout=fp, stderr=subprocess.STDOUT, env=env, cwd=HERE.parent,
+                                start_new_session=True)
+        try:
+            rc: int | str = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        finally:
+            for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):  # the tuner stores, then exits
+                if proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
+                        os.killpg(proc.pid, sig)
+                        proc.wait(timeout=grace)
+    return rc, time.perf_counter() - start
 
 
-# ----- 2. one variant, in its own process
-
-def child(args: argparse.Namespace) -> None:
-    """Compile one variant from a cold cache, check it against eager, time it; write --child-json."""
-    import torch
-    from triton.testing import do_bench
-
-    model, x = make_model(args)
-    with torch.no_grad():
-        ref = model(x)
-        compiled, backend = _compile(model, args.child, args.db)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        y = compiled(x)
-        torch.cuda.synchronize()
-        compile_s = time.perf_counter() - start
-        err = ((y.double() - ref.double()).norm() / ref.double().norm()).item()
-        times = {"variant": [], "eager": []}
-        for _ in range(5):  # rounds alternate, so slow drift of the clock hits both alike
-            times["variant"].append(do_bench(lambda: compiled(x), warmup=100, rep=300, return_mode="median"))
-            times["eager"].append(do_bench(lambda: model(x), warmup=100, rep=300, return_mode="median"))
-    result = {"variant": args.child, "compile_s": compile_s, "rel_error": err,
-              "latency_ms": statistics.median(times["variant"]), "eager_ms": statistics.median(times["eager"]),
-              "sites": backend.sites if backend else None}
-    Path(args.child_json).write_text(json.dumps(result, indent=2))
+def tail(log: Path, lines: int = 3) -> str:
+    """The last lines of a child's output (a traceback's caret lines left out)."""
+    text = [t.strip() for t in log.read_text(errors="replace").splitlines() if t.strip(" ^~")] if log.exists() else []
+    return " | ".join(text[-lines:]) or "no output"
 
 
-def _compile(model, variant: str, db: str) -> tuple:
-    """The compiled model, and the tritune backend (whose `sites` the first call fills) or None."""
-    import torch
-
-    import tritune
-
-    if variant == "tritune":
-        backend = tritune.compiler(db)
-        return torch.compile(model, backend=backend), backend
-    return (torch.compile(model) if variant == "default" else torch.compile(model, mode=variant)), None
-
-
-def run_child(args: argparse.Namespace, variant: str, db_path: Path, out: Path) -> dict:
-    """One variant in a subprocess with its own cold Inductor and Triton caches (outside --out, and
-    removed afterwards: they are large)."""
-    cache = Path(tempfile.mkdtemp(prefix=f"model_bench_{variant}_"))
+def run_child(args: argparse.Namespace, kind: str, model: str, shape: str, variants: list[str], log: Path) -> dict:
+    """This script in --child mode with empty Inductor and Triton caches (temporary, removed after):
+    its JSON (as far as it got, after a timeout), with an 'error' and its last lines if it failed."""
+    cache = Path(tempfile.mkdtemp(prefix=f"model_bench_{kind}_"))
     try:
-        return _child_process(args, variant, db_path, out, cache)
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), TRITON_CACHE_DIR=str(cache / "triton"),
+                   PYTHONPATH=os.pathsep.join(filter(None, (str(HERE.parent), os.environ.get("PYTHONPATH")))))
+        result_path = cache / "result.json"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--child-json", str(result_path),
+               "--out", args.out, "--models", model, "--shapes", shape, "--variants", ",".join(variants),
+               "--db", args.db, "--dtype", args.dtype, "--rounds", str(args.rounds), "--device", args.device]
+        rc, wall = spawn(cmd + ["--hidden", str(args.hidden)] * bool(args.hidden), log, args.child_timeout, env)
+        result = json.loads(result_path.read_text()) if result_path.exists() else {}
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+    if rc != 0:
+        why = f"timed out after {args.child_timeout:.0f} s" if rc == "timeout" else f"exit {rc}"
+        result["error"] = f"{why}: {tail(log)}"
+    return {**result, "process_s": wall}
 
 
-def _child_process(args: argparse.Namespace, variant: str, db_path: Path, out: Path, cache: Path) -> dict:
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), TRITON_CACHE_DIR=str(cache / "triton"))
-    result_path = out / f"variant_{variant}.json"
-    result_path.unlink(missing_ok=True)
-    cmd = [sys.executable, __file__, "--child", variant, "--child-json", str(result_path), "--db", str(db_path),
-           "--hidden", str(args.hidden), "--heads", str(args.heads), "--tokens", str(args.tokens),
-           "--dtype", args.dtype]
-    print(f"compiling and timing {variant} (cold caches in {cache})", flush=True)
-    start = time.perf_counter()
-    log = out / f"variant_{variant}.log"  # the subprocess's output, e.g. the backend's list of misses
-    try:
-        proc = subprocess.run(cmd, env=env, timeout=args.child_timeout, capture_output=True, text=True)
-    except subprocess.TimeoutExpired as exc:
-        # partial output; subprocess gives it as bytes here even in text mode
-        log.write_bytes(b"".join(x if isinstance(x, bytes) else x.encode() for x in (exc.stdout, exc.stderr) if x))
-        return {"variant": variant, "error": f"timed out after {args.child_timeout:.0f} s"}
-    log.write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0 or not result_path.exists():
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return {"variant": variant, "error": f"exit {proc.returncode}: {' | '.join(tail)}"}
-    return {**json.loads(result_path.read_text()), "process_s": time.perf_counter() - start}
+def counts(sites) -> dict | None:
+    return None if sites is None else dict(Counter(kind for _, kind in sites))
 
 
-# ----- 3. dispatch overhead
-
-def dispatch_overhead(db_path: Path, stub: bool, calls: int = 2000, repeats: int = 15) -> dict:
-    """Median µs per call of tritune.ops.matmul (a tuned record, found in an apply_history_best
-    context) and of the same Kernel launched directly, on one small problem."""
-    import torch
-
-    from tritune.kernels import codegen, ops
-    from tritune.kernels.contraction.launch import DEFAULT, Kernel, problem_of
-    from tritune.kernels.device import device_info
-    from tritune.kernels.family import device_key
-    from tritune.records.database import Database
-    from tritune.records.dispatch import apply_history_best
-    from tritune.records.result import MeasureResult, Status
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    a, b = (torch.randn(64, 64, dtype=torch.float16, device=device) for _ in range(2))
-    out = torch.empty(64, 64, dtype=torch.float16, device=device)
-    expr = ops.contraction_expr(a, b, ())
-    with Database(db_path) as db:  # the op's exact workload, "tuned": the path a tuned model takes
-        db.add_workload(expr.key, expr.op, expr.dtype, expr.to_json())
-        db.save(expr.key, device_key(device_info(), "matmul"), [MeasureResult(DEFAULT, Status.OK, 1.0, 1.0, 1.0, 1.0)])
-    launch = codegen.Launcher.__call__
-    with apply_history_best(db_path):
-        ops.matmul(a, b)
-        choice = ops.explain(a, b)
-        kernel = Kernel(choice.expr, choice.config, problem_of(choice.expr, a, b, out))
-        kernel(a, b, out)
-        if stub:
-            codegen.Launcher.__call__ = lambda self, *args: None
-        try:
-            times = _alternate({"ops": lambda: ops.matmul(a, b), "direct": lambda: kernel(a, b, out)}, calls, repeats)
-        finally:
-            codegen.Launcher.__call__ = launch
-    med = {k: statistics.median(v) for k, v in times.items()}
-    return {"launch": "stubbed" if stub else "real", "device": device, "ops_us": med["ops"], "source": choice.source,
-            "direct_us": med["direct"], "overhead_us": med["ops"] - med["direct"]}
+def phase_tune(args: argparse.Namespace, out: Path, results: dict) -> None:
+    for model, shape in itertools.product(args.models, args.shapes):
+        summary, log = out / f"tune_{model}_{shape}.json", out / f"tune_{model}_{shape}.log"
+        summary.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "tritune", "tune-model", "--model", factory_spec(args, out, model),
+               "--input-shape", ",".join(map(str, (*SHAPES[shape], hidden_of(args, model)))),
+               "--dtype", args.dtype, "--db", args.db, "--summary-json", str(summary)]
+        rc, wall = spawn(cmd, log, args.child_timeout)
+        tasks = json.loads(summary.read_text()) if summary.exists() else None
+        results.setdefault("tune", {})[f"{model}/{shape}"] = {"exit": rc, "wall_s": wall, "summary": tasks, "log": str(log)}
+        print(f"tune {model}/{shape}: exit {rc}, {wall:.0f} s, {len(tasks or [])} tasks (log {log})"
+              + (f": {tail(log, 2)}" if rc != 0 else ""), flush=True)
+        save(out, results)
 
 
-def _alternate(fns: dict, calls: int, repeats: int) -> dict[str, list[float]]:
-    import torch
+def factory_spec(args: argparse.Namespace, out: Path, model: str) -> str:
+    """scripts/zoo.py:MODEL, or with --hidden a file in OUT whose factories pass it (tune-model calls
+    a factory without arguments)."""
+    if not args.hidden:
+        return f"scripts/zoo.py:{model}"
+    path = out / f"zoo_hidden{args.hidden}.py"
+    path.write_text(f"import sys\nsys.path.insert(0, {str(HERE)!r})\nimport zoo\n\n\n"
+                    + "".join(f"def {m}():\n    return zoo.{m}(hidden={args.hidden})\n\n\n" for m in MODELS))
+    return f"{path.resolve()}:{model}"
 
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            sync()
-            start = time.perf_counter_ns()
-            for _ in range(calls):
-                fn()
-            sync()
-            times[name].append((time.perf_counter_ns() - start) / calls / 1e3)
-    return times
+
+def phase_compile(args: argparse.Namespace, out: Path, results: dict) -> None:
+    for model, shape in itertools.product(args.models, args.shapes):
+        for variant in args.variants or COMPILE_VARIANTS[shape]:
+            r = run_child(args, "compile", model, shape, [variant], out / f"compile_{model}_{shape}_{variant}.log")
+            r["site_counts"] = counts(r.get("sites"))
+            results.setdefault("compile", {}).setdefault(f"{model}/{shape}", {})[variant] = r
+            print(f"compile {model}/{shape} {variant}: " + (r["error"] if "error" in r else f"{r['compile_s']:.1f} s, "
+                  f"rel err {r['rel_err']:.1e}" + (f", sites {r['site_counts']}" if r["sites"] is not None else "")), flush=True)
+            save(out, results)
+
+
+def phase_latency(args: argparse.Namespace, out: Path, results: dict) -> None:
+    for model, shape in itertools.product(args.models, args.shapes):
+        r = run_child(args, "latency", model, shape, list(args.variants or LATENCY_VARIANTS[shape]),
+                      out / f"latency_{model}_{shape}.log")
+        rows = r.setdefault("variants", {})
+        if "eager_ms" in r:
+            r["eager"] = {"latency_ms": r["eager_ms"]}
+        for v in [*rows.values(), r.get("eager", {})]:
+            v["site_counts"] = counts(v.get("sites"))
+            for other in ("default", "reduce-overhead"):  # variant / other: lower is better
+                if "latency_ms" in v and rows.get(other, {}).get("latency_ms"):
+                    v[f"x_{other}"] = v["latency_ms"] / rows[other]["latency_ms"]
+        results.setdefault("latency", {})[f"{model}/{shape}"] = r
+        done = ", ".join(f"{k} {v['latency_ms']:.3f} ms" if "latency_ms" in v else f"{k} failed ({v.get('error')})"
+                         for k, v in rows.items())
+        print(f"latency {model}/{shape}: {r.get('rounds', 0)} rounds, {done or 'nothing timed'}"
+              + (f"; {r['error']}" if "error" in r else ""), flush=True)
+        save(out, results)
+
+
+def phase_overhead(args: argparse.Namespace, out: Path, results: dict) -> None:
+    results["overhead"] = run_child(args, "overhead", MODELS[0], "decode", ["tritune"], out / "overhead.log")
+    print(f"overhead: {overhead_line(results['overhead'])}", flush=True)
+    save(out, results)
+
+
+def save(out: Path, results: dict) -> None:
+    """Write the merged results (through a rename: a kill never leaves half a file)."""
+    (out / "model_bench.json.tmp").write_text(json.dumps(results, indent=2))
+    os.replace(out / "model_bench.json.tmp", out / "model_bench.json")
 
 
 # ----- report
 
-def table(results: dict) -> str:
-    """The compact final table: tuned workloads, then per variant compile time, latency, ratios,
-    correctness and tuned call sites, then the dispatch overhead."""
-    from tritune.kernels.contraction.expr import Matmul
-
-    lines = [f"tuned {Matmul.from_dict(t['workload']).describe()} x{t['count']}: {t['trials']} trials, "
-             f"{t['final_ours_ms']:.4f} ms vs torch {t['final_torch_ms']:.4f} ms ({t['ratio_vs_torch']:.3f}x)"
-             for t in results.get("tuning", []) if t.get("final_ours_ms")]
-    rows = {r["variant"]: r for r in results.get("variants", [])}
-    head = f"{'variant':14s} {'compile s':>9s} {'latency ms':>10s} {'eager ms':>9s} {'rel err':>8s}  tuned sites"
-    lines += [head] * bool(rows)
-    for name, r in rows.items():
-        if "error" in r:
-            lines.append(f"{name:14s} failed: {r['error']}")
-            continue
-        sites = r.get("sites")
-        tuned = f"{sum(s == 'tuned' for _, s in sites)}/{len(sites)}" if sites is not None else "-"
-        lines.append(f"{name:14s} {r['compile_s']:9.1f} {r['latency_ms']:10.3f} {r['eager_ms']:9.3f} "
-                     f"{r['rel_error']:8.1e}  {tuned}")
-    ours = rows.get("tritune", {})
-    for other, lat_target, compile_target in (("default", 1.0, None), ("max-autotune", 1.02, 0.2)):
-        theirs = rows.get(other, {})
-        if "latency_ms" in ours and "latency_ms" in theirs:
-            latency, build = ours["latency_ms"] / theirs["latency_ms"], ours["compile_s"] / theirs["compile_s"]
-            lines.append(f"tritune / {other}: latency {latency:.3f}x (target <= {lat_target}), compile time "
-                         f"{build:.2f}x" + (f" (target <= {compile_target})" if compile_target else ""))
-    for o in results.get("overhead", []):
-        lines.append(f"dispatch ({o['launch']} launch, {o['device']}): ops.matmul {o['ops_us']:.2f} us, Kernel "
-                     f"{o['direct_us']:.2f} us per call: +{o['overhead_us']:.2f} us (target <= 5)")
+def report(results: dict) -> str:
+    """The tuning runs; per model and shape a row per variant; the ratios and their targets; the overhead."""
+    lines = [tune_line(key, t) for key, t in sorted(results.get("tune", {}).items())]
+    keys = sorted({*results.get("compile", {}), *results.get("latency", {})})
+    lines += [f"{'model/shape':15s} {'variant':16s} {'compile s':>9s} {'latency ms':>10s} {'xdefault':>8s} "
+              f"{'xred-ovh':>8s} {'tuned/lib/miss':>14s} {'rel err':>8s}"] * bool(keys)
+    for key in keys:
+        comp, lat = results.get("compile", {}).get(key, {}), results.get("latency", {}).get(key, {})
+        if "error" in lat:
+            lines.append(f"{key:15s} latency: {lat['error'][:300]}")
+        timed = {**lat.get("variants", {}), "eager": lat.get("eager", {})}
+        for variant in [v for v in (*VARIANTS, "eager") if v in comp or timed.get(v)]:
+            lines.append(f"{key:15s} {variant:16s} " + row(comp.get(variant, {}), timed.get(variant, {})))
+    for key, (ours, theirs, what, target) in itertools.product(keys, TARGETS):
+        lines.append(f"{key}: {ours} / {theirs} {what}: {fmt(ratio(results, key, ours, theirs, what), '.3f')} "
+                     f"(target <= {target:.2f})")
+    if "overhead" in results:
+        lines.append("overhead: " + overhead_line(results["overhead"]))
     return "\n".join(lines)
+
+
+def row(c: dict, t: dict) -> str:
+    """One variant's cells: c from the compile phase, t from the latency phase."""
+    sites = c.get("site_counts") if c.get("site_counts") is not None else t.get("site_counts")
+    tuned = "-" if sites is None else "/".join(str(sites.get(k, 0)) for k in ("tuned", "library", "miss"))
+    cells = [fmt(c.get("compile_s"), "9.1f"), fmt(t.get("latency_ms"), "10.3f"), fmt(t.get("x_default"), "8.3f"),
+             fmt(t.get("x_reduce-overhead"), "8.3f"), f"{tuned:>14s}", fmt(t.get("rel_err", c.get("rel_err")), "8.1e")]
+    errors = "; ".join(f"{p}: {r['error'][:200]}" for p, r in (("compile", c), ("latency", t)) if "error" in r)
+    return " ".join(cells) + (f"  [{errors}]" if errors else "")
+
+
+def tune_line(key: str, t: dict) -> str:
+    """Exit, wall time, and the tuned kernels' time against torch's, summed over the model's contractions."""
+    tasks = [s for s in t.get("summary") or [] if s.get("final_ours_ms")]
+    ours, torch_ = (sum(s["count"] * s[f"final_{k}_ms"] for s in tasks) for k in ("ours", "torch"))
+    return f"tune {key}: exit {t['exit']}, {t['wall_s']:.0f} s, {len(t.get('summary') or [])} tasks" + (
+        f", contractions {ours:.3f} ms vs torch {torch_:.3f} ms" if tasks else "")
+
+
+def ratio(results: dict, key: str, ours: str, theirs: str, what: str) -> float | None:
+    rows = results.get(what, {}).get(key, {})
+    rows, field = (rows.get("variants", {}), "latency_ms") if what == "latency" else (rows, "compile_s")
+    a, b = rows.get(ours, {}).get(field), rows.get(theirs, {}).get(field)
+    return a / b if a is not None and b else None
+
+
+def overhead_line(r: dict) -> str:
+    why = "; ".join(v if k == "error" else f"{k}: {v}" for k, v in r.items() if k.endswith("error"))
+    if "overhead_us" not in r:
+        timed = "".join(f"; {k[:-3]} {v:.2f} us per call" for k, v in r.items() if k.endswith("_us"))
+        return "failed: " + (why or "no result") + timed
+    return (f"tritune {r['tritune_us']:.2f} us, Inductor's Triton mm {r['inductor_us']:.2f} us per call: "
+            f"{r['overhead_us']:+.2f} us (target <= 1.00); our kernel in the code: {r['tritune_as_intended']}, "
+            f"Inductor's template in its code: {r['inductor_as_intended']}; sites {counts(r['sites'])}")
+
+
+def fmt(value, spec: str) -> str:
+    return format(value, spec) if value is not None else "-".rjust(int(spec.split(".")[0] or 1))
+
+
+def _terminate(signum, frame) -> None:
+    """SIGTERM: exit through the running spawn's cleanup, which stops the child."""
+    print("model_bench: terminated (SIGTERM); what finished is in model_bench.json", file=sys.stderr)
+    raise SystemExit(128 + signum)
 
 
 def main() -> None:
     args = parse_args()
-    if args.child:
-        return child(args)
     import torch
 
-    if not torch.cuda.is_available():
-        if not args.overhead_only:
-            print("model_bench: no CUDA GPU (torch.cuda.is_available() is False); --overhead-only runs without one",
-                  file=sys.stderr)
-            sys.exit(3)
-        os.environ["TRITON_INTERPRET"] = "1"  # read when tritune is first imported, below
+    if args.child:
+        import bench_children
+
+        return bench_children.run(args)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("model_bench: no CUDA GPU (torch.cuda.is_available() is False); --device cpu runs the Inductor "
+              "variants without one", file=sys.stderr)
+        sys.exit(3)
+    signal.signal(signal.SIGTERM, _terminate)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    db_path = Path(args.db) if args.db else out / "tuning.db"
-    results: dict = {"args": vars(args), "torch": torch.__version__,
-                     "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
-    if not args.overhead_only:
-        start = time.perf_counter()
-        results["tuning"] = [] if args.skip_tune else tune(args, db_path)
-        results["tune_s"] = time.perf_counter() - start
-        results["variants"] = [run_child(args, v, db_path, out) for v in args.variants.split(",")]
-    results["overhead"] = [dispatch_overhead(out / "overhead.db", stub=True)]
-    if torch.cuda.is_available():
-        results["overhead"].append(dispatch_overhead(out / "overhead.db", stub=False))
-    (out / "model_bench.json").write_text(json.dumps(results, indent=2))
-    print(table(results))
+    path = out / "model_bench.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    if results.get("format") != FORMAT:  # an earlier version's file: start afresh
+        results = {"format": FORMAT}
+    results["env"] = {"torch": torch.__version__, "python": sys.version.split()[0], "device": args.device,
+                      "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None}
+    for phase in args.phases or ():
+        {"tune": phase_tune, "compile": phase_compile, "latency": phase_latency, "overhead": phase_overhead}[phase](
+            args, out, results)
+    print(report(results))
 
 
-if __name__ == "__main__":  # the tuner's worker processes are spawned: they import this file too
+if __name__ == "__main__":
     main()

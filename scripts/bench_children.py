@@ -1,0 +1,235 @@
+"""The subprocesses of scripts/model_bench.py (its hidden --child mode): one model and shape each
+(--models and --shapes name one), built, compiled and measured; each writes its JSON to --child-json.
+
+- compile: one variant from empty caches: seconds from torch.compile to the end of the first call;
+- latency: every variant, timed in turns with eager, --rounds rounds;
+- overhead: host µs per call of a 64x64x64 matmul, replayed by tritune and as Inductor's Triton template.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import itertools
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SHAPES = {"prefill": (1, 2048), "decode": (16, 1)}  # (batch, tokens)
+CUDA_GRAPHS = ("reduce-overhead", "tritune-ro")
+
+
+def zoo_factory(model: str):
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    import zoo
+
+    return getattr(zoo, model)
+
+
+def hidden_of(args: argparse.Namespace, model: str) -> int:
+    """--hidden, else the zoo factory's default."""
+    return args.hidden or inspect.signature(zoo_factory(model)).parameters["hidden"].default
+
+
+def build(args: argparse.Namespace) -> tuple:
+    """The model (seeded weights, eval, in --dtype on --device) and its seeded input."""
+    import torch
+
+    model, (batch, tokens) = args.models[0], SHAPES[args.shapes[0]]
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    torch.manual_seed(0)
+    with torch.device(args.device):
+        net = zoo_factory(model)(**({"hidden": args.hidden} if args.hidden else {})).to(dtype).eval()
+        torch.manual_seed(0)
+        return net, torch.randn(batch, tokens, hidden_of(args, model), dtype=dtype)
+
+
+def compile_variant(model, variant: str, db: str) -> tuple:
+    """The compiled model, and the tritune backend (whose `sites` the first call fills) or None."""
+    import torch
+
+    if not variant.startswith("tritune"):
+        return torch.compile(model, mode=None if variant == "default" else variant, fullgraph=True), None
+    import tritune
+
+    backend = tritune.compiler(db, mode="reduce-overhead") if variant == "tritune-ro" else tritune.compiler(db)
+    return torch.compile(model, backend=backend, fullgraph=True), backend
+
+
+def caller(compiled, x, variant: str):
+    """The call to time: a CUDA-graph variant starts a new step first (a replay may overwrite the last output)."""
+    import torch
+
+    if variant not in CUDA_GRAPHS:
+        return lambda: compiled(x)
+    return lambda: (torch.compiler.cudagraph_mark_step_begin(), compiled(x))[1]
+
+
+def rel_err(y, ref) -> float:
+    return ((y.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def first_line(exc: BaseException) -> str:
+    """The exception in one line (torch's can list hundreds of names: cut)."""
+    return (f"{type(exc).__name__}: " + next(iter(str(exc).strip().splitlines()), ""))[:300]
+
+
+def sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def bench(fn, device: str) -> float:
+    """Median ms per call: do_bench on a GPU, elsewhere a wall-clock loop of about as long."""
+    if device.startswith("cuda"):
+        from triton.testing import do_bench
+
+        return do_bench(fn, warmup=25, rep=100, return_mode="median")
+    times, deadline = [], time.perf_counter() + 0.1
+    while len(times) < 5 or time.perf_counter() < deadline:
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def child_compile(args: argparse.Namespace) -> dict:
+    """One variant from empty caches: seconds from torch.compile to the end of the first call."""
+    variant = args.variants[0]
+    model, x = build(args)
+    ref = model(x)
+    sync(args.device)
+    start = time.perf_counter()
+    compiled, backend = compile_variant(model, variant, args.db)
+    y = caller(compiled, x, variant)()
+    sync(args.device)
+    return {"compile_s": time.perf_counter() - start, "rel_err": rel_err(y, ref),
+            "sites": backend.sites if backend else None}
+
+
+def child_latency(args: argparse.Namespace) -> dict:
+    """Every variant compiled here, then timed in turns with eager, round after round (drift hits
+    all alike); the JSON is rewritten after each round, for a parent that times this out."""
+    model, x = build(args)
+    ref = model(x)
+    fns, result = {"eager": lambda: model(x)}, {"variants": {}, "rounds": 0}
+    for variant in args.variants:
+        try:
+            compiled, backend = compile_variant(model, variant, args.db)
+            fns[variant] = caller(compiled, x, variant)
+            for _ in range(3):  # CUDA-graph trees warm up, then record: the error is a replay's
+                y = fns[variant]()
+            result["variants"][variant] = {"rel_err": rel_err(y, ref), "sites": backend.sites if backend else None}
+        except Exception as exc:  # one variant that fails must not cost the others
+            fns.pop(variant, None)
+            result["variants"][variant] = {"error": first_line(exc)}
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for round_ in range(args.rounds):
+        for name, fn in fns.items():
+            times[name].append(bench(fn, args.device))
+        result["rounds"] = round_ + 1
+        result["eager_ms"] = statistics.median(times["eager"])
+        for name in fns.keys() - {"eager"}:
+            result["variants"][name].update(latency_ms=statistics.median(times[name]), rounds_ms=times[name])
+        Path(args.child_json).write_text(json.dumps(result, indent=2))
+    return result
+
+
+def child_overhead(args: argparse.Namespace) -> dict:
+    """µs per call of a @ w (64x64 fp16): tritune replaying a tuned record, and Inductor launching
+    its own Triton mm template (max-autotune with Triton the only GEMM backend)."""
+    import torch
+    from torch._inductor import list_mode_options
+
+    import tritune
+
+    a, w = (torch.randn(64, 64, dtype=torch.float16, device=args.device) for _ in range(2))
+    backend = tritune.compiler(str(tuned_db(a, w, Path(args.out) / "overhead.db")))
+
+    def ours(a, w):  # two functions, two code objects: neither's calls check the other's guards
+        return a @ w
+
+    def theirs(a, w):
+        return a @ w
+
+    # torch.compile takes a mode or options, not both: the mode's options, and Triton the only GEMM backend
+    options = {**list_mode_options("max-autotune-no-cudagraphs"), "max_autotune_gemm_backends": "TRITON"}
+    result: dict = {"inductor_options": options}
+    # each side's code must show its kernel: ours (traced into Inductor's code, or our op where it
+    # stays opaque), Inductor's template (triton_tem_*, not an ATen extern mm)
+    sides = {"tritune": (ours, {"backend": backend}, ("tritune_matmul", "torch.ops.tritune")),
+             "inductor": (theirs, {"options": options}, ("triton_tem_",))}
+    fns = {}
+    for name, (fn, how, markers) in sides.items():
+        try:
+            fns[name] = torch.compile(fn, fullgraph=True, **how)
+            y, code = first_call_code(fns[name], a, w)
+        except Exception as exc:  # e.g. an option this torch does not know: time the other side alone
+            result[f"{name}_error"] = first_line(exc)
+            fns.pop(name, None)
+            continue
+        result.update({f"{name}_rel_err": rel_err(y, a @ w), f"{name}_as_intended": any(m in c for m in markers for c in code)})
+    result["sites"] = backend.sites
+    result.update({f"{name}_us": t for name, t in per_call_us(fns, (a, w), args.device).items()})
+    if len(fns) == 2:
+        result["overhead_us"] = result["tritune_us"] - result["inductor_us"]
+    return result
+
+
+def first_call_code(fn, *inputs) -> tuple:
+    """The first call's output and the code Inductor wrote for it (torch's run_and_get_code would
+    reset dynamo, and with it the other compiled function)."""
+    from unittest import mock
+
+    from torch._inductor.graph import GraphLowering
+
+    code: list[str] = []
+    with mock.patch.object(GraphLowering, "save_output_code", code.append):
+        return fn(*inputs), code
+
+
+def tuned_db(a, w, path: Path) -> Path:
+    """A database with one tuned record (the default config) for a @ w on this GPU."""
+    from tritune.kernels.contraction.launch import DEFAULT
+    from tritune.kernels.device import device_info
+    from tritune.kernels.family import device_key
+    from tritune.kernels.frontend import ops
+    from tritune.records.database import Database
+    from tritune.records.result import MeasureResult, Status
+
+    expr = ops.contraction_expr(a, w, ())
+    with Database(path) as db:
+        db.add_workload(expr.key, expr.op, expr.dtype, expr.to_json())
+        db.save(expr.key, device_key(device_info(), "matmul"), [MeasureResult(DEFAULT, Status.OK, 1.0, 1.0, 1.0, 1.0)])
+    return path
+
+
+def per_call_us(fns: dict, inputs: tuple, device: str, calls: int = 2000, repeats: int = 15) -> dict[str, float]:
+    """Median over repeats of wall µs per call, of `calls` back to back and one synchronize; the
+    functions alternate, so drift hits both alike."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        for _ in range(100):
+            fn(*inputs)
+    for _, (name, fn) in itertools.product(range(repeats), fns.items()):
+        sync(device)
+        start = time.perf_counter_ns()
+        for _ in range(calls):
+            fn(*inputs)
+        sync(device)
+        times[name].append((time.perf_counter_ns() - start) / calls / 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def run(args: argparse.Namespace) -> None:
+    """model_bench.py's --child mode: one job under no_grad, its JSON written."""
+    import torch
+
+    with torch.no_grad():
+        result = {"compile": child_compile, "latency": child_latency, "overhead": child_overhead}[args.child](args)
+    Path(args.child_json).write_text(json.dumps(result, indent=2))
