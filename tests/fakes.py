@@ -30,7 +30,7 @@ class FakeBuilder:
 
     @staticmethod
     def fails(config):
-        return config["BLOCK_K"] == 128 and "fault" not in config
+        return config.get("BLOCK_K") == 128 and "fault" not in config
 
     def result(self, future, config):
         return future.result()
@@ -51,14 +51,26 @@ class FakeRunner:
             return MeasureResult(config, Status.CRASH, compile_s=compile_s, message="worker died")
         if config.get("fault") == "hang":
             return MeasureResult(config, Status.TIMEOUT, compile_s=compile_s, message="no answer")
-        if config["num_warps"] == 2 and config["BLOCK_M"] == 256:
+        if config.get("num_warps") == 2 and config.get("BLOCK_M") == 256:
             return MeasureResult(config, Status.WRONG_ANSWER, compile_s=compile_s, message="relative error 1")
         t = fake_time(config)
         return MeasureResult(config, Status.OK, t, t, t, t, compile_s)
 
 
+# the library's time: mid-field, so that a search still finds faster schedules
+LIBRARY_MS = 1.6
+
+
 def fake_time(config):
+    if config.library is not None:
+        return LIBRARY_MS
     return 1.0 + abs(config["BLOCK_M"] - 128) / 64 + abs(config["BLOCK_N"] - 128) / 64 + config["num_stages"] / 10
+
+
+def fake_head_to_head(payload):
+    """A worker's head-to-head answer: the tuned best against a library call and torch.compile."""
+    return {"ours_ms": 1.0, "alternatives": {"mm": 1.1, "torch.compile": 1.2}, "best_alternative": "mm",
+            "best_alternative_ms": 1.1, "compile_error": ""}
 
 
 def abort_on_block_m_32(expr, config, problem, target, shared_limit):
@@ -66,7 +78,7 @@ def abort_on_block_m_32(expr, config, problem, target, shared_limit):
     import os
     import time
 
-    if config["BLOCK_M"] == 32:
+    if config.get("BLOCK_M") == 32:
         time.sleep(0.5)  # let the others be in flight when the pool dies
         os.abort()
     time.sleep(0.2)

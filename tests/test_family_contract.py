@@ -18,6 +18,7 @@ from cases import run_case
 from tritune.kernels.expr import DTYPES, ExprError
 from tritune.kernels.family import REGISTRY, expr_from_dict, family
 from tritune.kernels.faults import FAULTS
+from tritune.schedules.config import Config
 from tritune.tuner.measure import rel_error
 
 OPS = sorted(REGISTRY)
@@ -78,6 +79,20 @@ def test_eager_torch_agrees_with_the_reference(op):
 
 
 @pytest.mark.parametrize("op", OPS)
+def test_every_library_candidate_computes_the_reference(op):
+    fam = family(op)
+    for expr in cpu_examples(op):
+        assert fam.libraries(expr), expr.describe()  # the library is always a candidate
+        for name in fam.libraries(expr):
+            x = fam.inputs(expr, 0, "cpu")
+            kernel = fam.kernel(expr, Config.of(library=name), fam.problem_of(expr, x.args))
+            got = kernel(*x.args)
+            assert rel_error(got, fam.reference(expr, x.args)) <= fam.tolerance(expr), (expr.describe(), name)
+    with pytest.raises(ExprError, match="no library implementation 'nope'"):
+        fam.library(expr, "nope")
+
+
+@pytest.mark.parametrize("op", OPS)
 def test_the_fault_hook_refuses_unknown_faults_and_builds_known_ones(op):
     fam = family(op)
     expr = cpu_examples(op)[0]
@@ -98,3 +113,20 @@ def test_the_fault_kernels_build_for_sm90():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["oob", "True", "hang", "True"]
+
+
+def test_cublaslt_epilogues_are_candidates_where_they_apply():
+    from tritune.kernels.contraction.expr import Matmul
+    from tritune.kernels.epilogue import BiasAdd, Gelu, Relu, Scale
+
+    fam = family("matmul")
+    relu = Matmul(37, 29, 53, dtype="fp32", epilogue=(BiasAdd(), Relu()))
+    assert fam.libraries(relu) == ("mm", "addmm", "addmm_activation")
+    assert "addmm_activation" in fam.libraries(Matmul(8, 8, 8, epilogue=(BiasAdd(), Gelu("tanh"))))
+    # erf GELU, a batch, or a step after the activation: cuBLASLt's epilogue does not compute it
+    for expr in (Matmul(8, 8, 8, epilogue=(BiasAdd(), Gelu())), Matmul(8, 8, 8, batch=2, epilogue=(BiasAdd(), Relu())),
+                 Matmul(8, 8, 8, epilogue=(BiasAdd(), Relu(), Scale(2.0)))):
+        assert "addmm_activation" not in fam.libraries(expr), expr.describe()
+    x = fam.inputs(relu, 0, "cpu")
+    got = fam.library(relu, "addmm_activation")(*x.args)
+    assert rel_error(got, fam.reference(relu, x.args)) <= fam.tolerance(relu)

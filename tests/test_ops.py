@@ -96,7 +96,7 @@ def test_call_signature_tells_alignment_layout_and_dtype_apart(tmp_path):
         warnings.simplefilter("ignore")
         for a in (aligned, shifted, transposed, aligned):
             check(ops.matmul(a, b), a, b)
-        kernels = [e.kernel for e in ops._entries.values() if e.kernel.expr.m == 33 and e.kernel.expr.k == 47]
+        kernels = [e.kernel for e in ops._entries.values() if e.choice.expr.m == 33 and e.choice.expr.k == 47]
         facts = sorted((k.problem.aligned[0], k.expr.trans_a) for k in kernels)
         assert facts == [(False, False), (True, False), (True, True)]
         with pytest.raises(ValueError, match="one dtype"):
@@ -109,5 +109,5 @@ def test_given_config_and_odd_strides():
     y = ops.matmul(a, b, config=FAST, epilogue=[Gelu(approximate="tanh")])
     ref = torch.nn.functional.gelu(a.double() @ b.double(), approximate="tanh")
     assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-5
-    entry = next(e for e in ops._entries.values() if e.kernel.expr.m == 21 and e.kernel.expr.n == 17)
+    entry = next(e for e in ops._entries.values() if e.choice.expr.m == 21 and e.choice.expr.n == 17)
     assert entry.choice.source == "given" and entry.kernel.config == FAST and entry.copy_a and not entry.copy_b

@@ -31,7 +31,7 @@ def test_failures_are_classified_and_stored(tmp_path):
     assert Status.COMPILE_ERROR in statuses and Status.OK in statuses
     assert all(r.t_median is None for r in stored if not r.ok)
     # a compile failure is never sent to the runner
-    assert not any(c["BLOCK_K"] == 128 for c in runner.measured)
+    assert not any(c.get("BLOCK_K") == 128 for c in runner.measured)
     best = db.best(EXPR.key, DEVICE)
     assert best.t_median == min(fake_time(r.config) for r in stored if r.ok)
     assert best == best_of(history)
@@ -66,10 +66,11 @@ def test_early_stopping_stops_before_the_budget(tmp_path):
 def test_injected_faults_are_recorded_and_the_run_completes(tmp_path):
     db = Database(tmp_path / "t.db")
     history, _, runner = tune(db, 16, faults=("oob", "hang"))
-    assert [r.status for r in history[:2]] == [Status.CRASH, Status.TIMEOUT]
+    schedules = history[1:]  # after the library call
+    assert [r.status for r in schedules[:2]] == [Status.CRASH, Status.TIMEOUT]
     assert len(history) == 16 and any(r.ok for r in history)
-    assert all(r.status in (Status.OK, Status.COMPILE_ERROR, Status.WRONG_ANSWER) for r in history[2:])
-    assert [r.config.get("fault") for r in db.trials(EXPR.key, DEVICE)[:2]] == ["oob", "hang"]
+    assert all(r.status in (Status.OK, Status.COMPILE_ERROR, Status.WRONG_ANSWER) for r in schedules[2:])
+    assert [r.config.get("fault") for r in db.trials(EXPR.key, DEVICE)[1:3]] == ["oob", "hang"]
 
 
 def test_device_key_changes_with_the_template():
@@ -86,8 +87,43 @@ def test_warm_start_collects_other_shapes_of_the_op_on_this_device(tmp_path):
                   FakeRunner(), db, batch_size=8)
     tuner.run(16)
     prior = warm_start(db, Task(Matmul(2048, 2048, 2048), DEVICE, TASK.limits))
-    assert prior.X.shape == (40, len(FEATURE_NAMES)) and sorted(set(prior.groups.tolist())) == [0, 1]
+    # schedules only: each workload's library call has no schedule features
+    assert prior.X.shape == (38, len(FEATURE_NAMES)) and sorted(set(prior.groups.tolist())) == [0, 1]
     assert prior.y.max() == 1.0 and prior.y.min() == 0.0  # failures labelled worst
-    assert warm_start(db, Task(EXPR, DEVICE, TASK.limits)).X.shape[0] == 16  # its own trials excluded
+    assert warm_start(db, Task(EXPR, DEVICE, TASK.limits)).X.shape[0] == 15  # its own trials excluded
     elsewhere = DeviceKey("Other GPU", "8.0", "3.x", "2.x", "t1")
     assert warm_start(db, Task(EXPR, elsewhere, TASK.limits)) is None
+
+
+def test_the_library_is_measured_first_stored_and_chosen_when_it_wins(tmp_path, monkeypatch):
+    import fakes
+    from tritune.schedules.config import Config
+
+    db = Database(tmp_path / "t.db")
+    history, builder, runner = tune(db, 24)
+    library = [r for r in history if r.config.library is not None]
+    assert [r.config for r in library] == [Config.of(library="mm")] == list(TASK.libraries)
+    assert runner.measured[0] == Config.of(library="mm")  # the bar to beat, measured before any schedule
+    assert db.best(EXPR.key, DEVICE).config.library is None  # schedules beat it here
+    monkeypatch.setattr(fakes, "LIBRARY_MS", 0.5)
+    other = Matmul(512, 512, 512)
+    task = Task(other, DEVICE, TASK.limits)
+    seen = []
+    strategy = make_strategy("random", task.space, seed=0)
+    original = strategy.update
+    strategy.update = lambda results: seen.extend(results) or original(results)
+    Tuner(task, strategy, FakeBuilder(), FakeRunner(), db, batch_size=8).run(16)
+    assert db.best(other.key, DEVICE).config == Config.of(library="mm")  # the library won: it is the best
+    assert seen and all(r.config.library is None for r in seen)  # the search never sees it
+    again, _, runner = tune(db, 32)
+    assert Config.of(library="mm") not in runner.measured  # resumed: not measured twice
+
+
+def test_the_cost_model_never_learns_from_library_calls(tmp_path):
+    from tritune.cost_model.dataset import training_set
+
+    db = Database(tmp_path / "t.db")
+    tune(db, 16)
+    results = db.trials(EXPR.key, DEVICE)
+    X, y = training_set(EXPR, TASK.limits, results)
+    assert len(y) == len(results) - 1 and X.shape[1] == len(FEATURE_NAMES)

@@ -20,7 +20,9 @@ def labels(results: Sequence[MeasureResult]) -> np.ndarray:
 
 
 def training_set(expr: Any, limits: Limits, results: Sequence[MeasureResult]) -> tuple[np.ndarray, np.ndarray]:
-    """Feature rows (the expression's family's features) and labels of one workload's measured results."""
+    """Feature rows (the expression's family's features) and labels of one workload's measured
+    schedules (library calls have no schedule features and are left out)."""
+    results = [r for r in results if r.config.library is None]
     return family(expr.op).features(expr, limits, [r.config for r in results]), labels(results)
 
 

@@ -125,9 +125,11 @@ class Family(ABC):
         """Compile one candidate for a target without a GPU; returns Triton's CompiledKernel."""
         return self.binary(expr, faults.strip(config), problem).compile(target)
 
-    def kernel(self, expr: Any, config: Config, problem: Any) -> Callable[..., None]:
-        """A launcher bound to one problem; a config's `fault` knob (a test hook, see
-        `tritune.kernels.faults`) makes it misbehave on purpose."""
+    def kernel(self, expr: Any, config: Config, problem: Any) -> Callable[..., Any]:
+        """A launcher bound to one problem (or, for a library config, the library call); a config's
+        `fault` knob (a test hook, see `tritune.kernels.faults`) makes it misbehave on purpose."""
+        if config.library is not None:
+            return self.library(expr, config.library)
         fault = config.get("fault")
         if fault is not None:
             faults.check(fault)  # before anything is built
@@ -146,6 +148,25 @@ class Family(ABC):
     @abstractmethod
     def eager(self, expr: Any, x: Operands) -> Callable[[], Any]:
         """What a user would run in eager PyTorch for the same expression."""
+
+    def libraries(self, expr: Any) -> tuple[str, ...]:
+        """The library implementations a user has for the expression without tritune; each is
+        measured as a candidate (`Config.of(library=name)`) and chosen when it wins. Default: the
+        torch expression ('torch': cuDNN, torch's own kernels)."""
+        return ("torch",)
+
+    def library(self, expr: Any, name: str) -> Callable[..., Any]:
+        """Library implementation `name`, called like a kernel (with the kernel's args); it returns
+        the output (which may be a fresh tensor rather than the output argument)."""
+        if name not in self.libraries(expr):
+            raise ExprError(f"{expr.describe()} has no library implementation {name!r}; "
+                            f"known: {', '.join(self.libraries(expr))}")
+        return self.expression(expr)
+
+    @abstractmethod
+    def expression(self, expr: Any) -> Callable[..., Any]:
+        """The expression written as torch ops, a function of the kernel's args (the output slot
+        ignored) returning a fresh result: what `torch.compile` lowers in the head-to-head."""
 
     @abstractmethod
     def tolerance(self, expr: Any) -> float:

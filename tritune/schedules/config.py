@@ -48,6 +48,12 @@ class Config(Mapping):
     def __len__(self) -> int:
         return len(self.items_)
 
+    @property
+    def library(self) -> str | None:
+        """The library implementation this config names (`Config.of(library="addmm")`: the
+        implementation a user has without tritune, measured as a candidate), or None for a schedule."""
+        return self._map.get("library")
+
     def replace(self, **knobs: int | str) -> "Config":
         """A copy with some knobs changed."""
         return Config.of(dict(self.items_), **knobs)

@@ -102,9 +102,10 @@ class Builder:
             return self._pool.submit(fn, *args)
 
     def submit(self, expr: Any, problem: Any, configs: Sequence[Config]) -> list[Future]:
-        """Start compiling each config; futures resolve to BuildResult."""
+        """Start compiling each config (a library call has nothing to compile); futures resolve to BuildResult."""
         def each() -> list[Future]:
-            return [self._pool.submit(self.build, expr, c, problem, self.target, self.shared_limit) for c in configs]
+            return [_built(c) if c.library is not None else
+                    self._pool.submit(self.build, expr, c, problem, self.target, self.shared_limit) for c in configs]
 
         with self._lock:
             try:
@@ -150,6 +151,13 @@ class Builder:
         if now:
             _kill(self._pool)
         self._pool.shutdown(wait=not now, cancel_futures=True)
+
+
+def _built(config: Config) -> Future:
+    """A finished build of a config that needs none."""
+    done: Future = Future()
+    done.set_result(BuildResult(config, None, 0.0))
+    return done
 
 
 def _kill(pool: ProcessPoolExecutor) -> None:

@@ -39,6 +39,14 @@ class Task:
         """Cost-model features of configs of this task."""
         return self.family.features(self.expr, self.limits, configs)
 
+    @property
+    def libraries(self) -> tuple[Config, ...]:
+        """The library implementations measured beside the space, as candidates like any config
+        (none where the space is limited to a recorded sample, which holds none)."""
+        if self.only is not None:
+            return ()
+        return tuple(Config.of(library=name) for name in self.family.libraries(self.expr))
+
     @cached_property
     def space(self) -> Space:
         """The schedule space of this task."""
@@ -81,11 +89,12 @@ class Tuner:
         expr, device = self.task.expr, self.task.device
         self.db.add_workload(expr.key, expr.op, expr.dtype, expr.to_json())
         self.stored = self.db.trials(expr.key, device)
-        self.strategy.update(self.stored)
+        self._learn(self.stored)
         history = list(self.stored)
         best = best_of(history)
         measurer = Measurer(expr, device, self.builder, self.runner, self.db.path, best and best.t_median)
-        inflight: list[tuple[Config, Future]] = []  # proposed, not yet measured, in proposal order
+        # proposed, not yet measured, in proposal order; the library first, as the bar to beat
+        inflight = self._start([c for c in self.task.libraries if c not in {r.config for r in history}], measurer)
         try:
             exhausted = False
             while True:
@@ -94,7 +103,7 @@ class Tuner:
                     break
                 result = self._next(inflight)
                 with self.watch("learn"):
-                    self.strategy.update([result])
+                    self._learn([result])
                 history.append(result)
         finally:
             measurer.close()
@@ -124,18 +133,27 @@ class Tuner:
         return min(self.batch_size, self.strategy.round_size or self.batch_size)
 
     def _launch(self, n: int, measurer: Measurer) -> list[tuple[Config, Future]] | None:
-        """Propose up to n configs, take those no other tuner has, start compiling them and queue
-        them for measurement; None when the strategy has nothing left to propose."""
-        expr, device = self.task.expr, self.task.device
+        """Propose up to n configs and start them (`_start`); None when the strategy has nothing
+        left to propose."""
         with self.watch("propose"):
             configs = self.strategy.propose(n)
         if not configs:
             return None
-        configs = self._inject(configs)
+        return self._start(self._inject(configs), measurer)
+
+    def _start(self, configs: list[Config], measurer: Measurer) -> list[tuple[Config, Future]]:
+        """Take the configs no other tuner has, start compiling them and queue them for measurement."""
+        expr, device = self.task.expr, self.task.device
         with self.watch("store"):
             configs = [c for c in configs if self.db.claim(expr.key, device, c, self.owner)]
         builds = self.builder.submit(expr, self.task.family.canonical_problem(expr), configs) if configs else []
         return [(c, measurer.submit(c, b)) for c, b in zip(configs, builds)]
+
+    def _learn(self, results: Sequence[MeasureResult]) -> None:
+        """Tell the strategy about measured schedules (library calls are no point of its space)."""
+        schedules = [r for r in results if r.config.library is None]
+        if schedules:
+            self.strategy.update(schedules)
 
     def _next(self, inflight: list[tuple[Config, Future]]) -> MeasureResult:
         """The first result in proposal order among those measured, else the next to be measured
@@ -164,7 +182,7 @@ class Tuner:
             return []
         known = {r.config for r in history} | pending
         fresh = [r for r in self.db.trials(expr.key, device) if r.config not in known]
-        self.strategy.update(fresh)
+        self._learn(fresh)
         for r in fresh:
             if r.ok:
                 measurer.offer_best(r.t_median)

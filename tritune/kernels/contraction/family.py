@@ -107,9 +107,80 @@ class ContractionFamily(Family):
             return out
         return run
 
+    def libraries(self, expr: Matmul) -> tuple[str, ...]:
+        """cuBLAS through torch: mm / bmm with the epilogue after it; addmm / baddbmm with the bias
+        (and a scale before it) fused; cuBLASLt's bias + relu / tanh-GELU epilogue
+        (`torch._addmm_activation`, 2-D only)."""
+        return tuple(name for name in ("mm", "addmm", "addmm_activation") if _library_steps(expr, name) is not None)
+
+    def library(self, expr: Matmul, name: str) -> Callable[..., Any]:
+        import torch
+
+        super().library(expr, name)  # raises for a name the expression has none of
+        alpha, rest = _library_steps(expr, name)
+        gelu = any(s.name == "gelu" for s in expr.epilogue)
+
+        def run(a: Any, b: Any, c: Any, bias: Any = None) -> Any:
+            if expr.batch == 1 and c.dim() == 3:  # 2-D calls on the single batch entry
+                a, b, c = (t[0] if t.dim() == 3 else t for t in (a, b, c))
+            elif c.dim() == 3:  # a 2-D operand broadcast over the batch (a stride-0 view)
+                a, b = (t if t.dim() == 3 else t.expand(expr.batch, *t.shape) for t in (a, b))
+            two_d = c.dim() == 2
+            if name == "addmm_activation":
+                torch._addmm_activation(bias, a, b, use_gelu=gelu, out=c)
+            elif name == "addmm":
+                (torch.addmm if two_d else torch.baddbmm)(bias, a, b, alpha=alpha, out=c)
+            else:
+                (torch.mm if two_d else torch.bmm)(a, b, out=c)
+            for step in rest:
+                _in_place(step, c, bias)
+            return c
+        return run
+
+    def expression(self, expr: Matmul) -> Callable[..., Any]:
+        import torch
+
+        def run(a: Any, b: Any, c: Any, bias: Any = None) -> Any:
+            out = torch.matmul(a, b)
+            for step in expr.epilogue:
+                out = step.reference(out, bias)
+            return out
+        return run
+
     def tolerance(self, expr: Matmul) -> float:
         return TOLERANCE["tf32" if expr.tf32 else expr.dtype]
 
 
 MATMUL = ContractionFamily("matmul", batched=False)
 BMM = ContractionFamily("bmm", batched=True)
+
+
+def _library_steps(expr: Matmul, name: str) -> tuple[float, tuple] | None:
+    """(alpha, epilogue steps left to run in place after the call) of library call `name` for the
+    expression, or None where the call does not apply."""
+    steps = expr.epilogue
+    names = [s.name for s in steps]
+    if name == "mm":
+        return 1.0, steps
+    lead = 1 if names[:1] == ["scale"] else 0
+    if name == "addmm" and names[lead:lead + 1] == ["bias"]:
+        return (steps[0].alpha if lead else 1.0), steps[lead + 1:]
+    # cuBLASLt's GELU epilogue is the tanh approximation (torch's CPU path computes erf instead)
+    if name == "addmm_activation" and expr.batch == 1 and (
+            names == ["bias", "relu"] or (names == ["bias", "gelu"] and steps[1].approximate == "tanh")):
+        return 1.0, ()
+    return None
+
+
+def _in_place(step: Any, out: Any, bias: Any) -> None:
+    """One epilogue step applied to a library call's output in place (as a fused pointwise kernel would)."""
+    import torch
+
+    if step.name == "bias":
+        out.add_(bias)
+    elif step.name == "scale":
+        out.mul_(step.alpha)
+    elif step.name == "relu":
+        out.relu_()
+    else:
+        torch.ops.aten.gelu_(out, approximate=step.approximate)

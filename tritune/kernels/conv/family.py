@@ -113,6 +113,22 @@ class Conv2dFamily(Family):
             return out
         return run
 
+    def expression(self, expr: Conv2d) -> Callable[..., Any]:
+        """F.conv2d (cuDNN) on channels_last views, the bias in the conv where it comes first, then
+        the rest of the epilogue; the result in the output's NHWC layout."""
+        import torch.nn.functional as F
+
+        steps = list(expr.epilogue)
+        lead = bool(steps) and steps[0].needs_bias
+
+        def run(x: Any, f: Any, out: Any, bias: Any = None) -> Any:
+            y = F.conv2d(x.permute(0, 3, 1, 2), f.permute(0, 3, 1, 2), bias if lead else None,
+                         expr.stride, expr.padding, expr.dilation).permute(0, 2, 3, 1)
+            for step in steps[1:] if lead else steps:
+                y = step.reference(y, bias)
+            return y
+        return run
+
     def tolerance(self, expr: Conv2d) -> float:
         # relative Frobenius error with fp32 accumulation does not grow with the reduction length;
         # output rounding (fp16, bf16) or input rounding (tf32) sets it, as for matmul

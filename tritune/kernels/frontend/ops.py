@@ -1,7 +1,8 @@
 """User-facing ops that run tuned kernels: `tritune.ops.matmul(a, b, bias=None, ...)`.
 
-Config choice, in order: the best stored config of this exact workload on this device; else that
-of the nearest tuned shape of the same op and dtype (log-distance of B, M, N, K); else DEFAULT.
+Config choice, in order: the best stored config of this exact workload on this device (which may
+be a library call, when that measured fastest); else that of the nearest tuned shape of the same op
+and dtype (log-distance of B, M, N, K); else DEFAULT.
 A fallback warns once per workload. Choices and compiled kernels are cached per call signature.
 """
 from __future__ import annotations
@@ -13,9 +14,9 @@ from typing import Any, NamedTuple, Sequence
 import torch
 
 from tritune.kernels.contraction.expr import Matmul
-from tritune.kernels.contraction.launch import DEFAULT, Kernel, problem_of
+from tritune.kernels.contraction.launch import DEFAULT, problem_of
 from tritune.kernels.device import device_info
-from tritune.kernels.family import device_key
+from tritune.kernels.family import device_key, family
 from tritune.kernels.epilogue import BiasAdd, Epilogue
 from tritune.kernels.expr import DTYPES, ExprError, torch_dtype
 from tritune.records import dispatch
@@ -37,7 +38,7 @@ class Choice:
 class _Entry(NamedTuple):
     """What one call signature runs: the kernel, the output's layout, and which operands need a copy."""
 
-    kernel: Kernel
+    kernel: Any  # a contraction Kernel, or the library call the tuning chose
     choice: Choice
     shape: tuple[int, ...]
     strides: tuple[int, ...]
@@ -163,7 +164,7 @@ def _prepare(a: Any, b: Any, bias: Any, epilogue: Sequence[Epilogue], source: An
         choice = choose(expr, source, (a.device.index or 0) if a.is_cuda else 0)
     shape = (expr.batch, expr.m, expr.n) if max(a.dim(), b.dim()) == 3 else (expr.m, expr.n)
     probe = a.new_empty(shape)  # the output is always a fresh contiguous tensor like this one
-    kernel = Kernel(expr, choice.config, problem_of(expr, a, b, probe, bias))
+    kernel = family(expr.op).kernel(expr, choice.config, problem_of(expr, a, b, probe, bias))
     return _Entry(kernel, choice, shape, probe.stride(), a.dtype, a.device, copy_a, copy_b)
 
 
