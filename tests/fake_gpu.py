@@ -4,7 +4,7 @@ of each config it measured to the file FAKE_GPU_LOG (if set); the builder compil
 import os
 import time
 
-from fakes import fake_time
+from fakes import fake_head_to_head, fake_time
 from tritune.records.result import Status
 from tritune.tuner.builder import BuildResult
 
@@ -23,7 +23,7 @@ def _measure(payload: dict) -> dict:
 
 
 def handlers(timing):
-    return {"info": lambda p: INFO, "measure": _measure, "head_to_head": lambda p: {"ours_ms": 1.0, "torch_ms": 1.1}}
+    return {"info": lambda p: INFO, "measure": _measure, "head_to_head": fake_head_to_head}
 
 
 def build(expr, config, problem, target, shared_limit):

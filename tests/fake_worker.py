@@ -2,6 +2,7 @@
 import os
 import time
 
+from fakes import fake_head_to_head
 from tritune.records.result import Status
 
 
@@ -17,6 +18,8 @@ def measure(payload):
         raise ValueError("something ordinary")
     if fault == "wrong":
         return {"status": Status.WRONG_ANSWER, "message": "relative error 1 > 0.002"}
+    if payload["config"].library is not None:  # slower than any schedule here: searches find something
+        return {"status": Status.OK, "times": (1.5, 1.5, 1.5, 1.5), "message": "library"}
     return {"status": Status.OK, "times": (1.0, 1.1, 1.2, 1.3), "message": f"pid {os.getpid()}"}
 
 
@@ -29,4 +32,12 @@ def session_handlers(timing):
     info = {"gpu": "Fake H100", "capability": "9.0", "sms": 132, "shared_bytes": 232448,
             "triton": "3.x", "torch": "2.x"}
     return {"info": lambda p: info, "measure": measure,
-            "head_to_head": lambda p: {"ours_ms": 1.0, "torch_ms": 1.1}}
+            "head_to_head": fake_head_to_head}
+
+
+def library_wins_handlers(timing):
+    """As session_handlers, but the library call beats the tuned best in the final head-to-head."""
+    def lost(payload):
+        return {**fake_head_to_head(payload), "alternatives": {"mm": 0.9, "torch.compile": 1.2},
+                "best_alternative_ms": 0.9}
+    return {**session_handlers(timing), "head_to_head": lost}

@@ -18,7 +18,7 @@ def test_run_tunes_stores_resumes_and_reports(monkeypatch, tmp_path, capsys):
     args = ["run", "--shape", "512,256,1024", "--trials", "24", "--db", str(db), "--summary-json", str(summary)]
     main(args)
     out = json.loads(summary.read_text())
-    assert out["trials"] == 24 and out["ratio_vs_torch"] == 1.1
+    assert out["trials"] == 24 and out["ratio_vs_best_alternative"] == 1.1 and out["best_alternative"] == "mm"
     assert out["device"]["gpu"] == "Fake H100" and out["space_valid"] > 100
     assert "tritune best" in capsys.readouterr().out
     stored = Database(db).trials(Database(db).workloads()[0][0])
@@ -73,3 +73,19 @@ def test_breakdown_arithmetic():
     assert times["outside the loop (space, prior, head-to-head)"] == 3.0
     assert times["storing results (database)"] == 0.2 and times["claims (database)"] == 0.5
     assert times["GPU busy fraction"] == 0.3 and times["compile pool busy fraction"] == 0.4
+
+
+def test_a_library_call_that_wins_the_head_to_head_is_what_replay_runs(tmp_path, monkeypatch):
+    """The search's short runs can rank a kernel above the library by noise; the final head-to-head
+    (long runs, in turns) decides, and the database's best follows it."""
+    from tritune.kernels.contraction.expr import Matmul
+    from tritune.schedules.config import Config
+
+    monkeypatch.setattr(session, "Runner", partial(Runner, handlers=fake_worker.library_wins_handlers))
+    monkeypatch.setattr(session, "Builder", lambda *args, **kwargs: FakeBuilder())
+    expr = Matmul(256, 256, 256)
+    with Database(tmp_path / "t.db") as db:
+        out = session.tune(expr, db, session.TuneOptions(trials=12, batch_size=4))
+        assert [r.result.config for r in db.best_rows()] == [Config.of(library="mm")]
+        assert db.best(expr.key, db.best_rows()[0].device).config == Config.of(library="mm")
+    assert out["best_config"] == {"library": "mm"} and out["final_ours_ms"] == 0.9

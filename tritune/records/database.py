@@ -51,10 +51,22 @@ CREATE TABLE IF NOT EXISTS claims (
     owner TEXT NOT NULL, since REAL NOT NULL, PRIMARY KEY (workload, device, config_key))
 """
 
+# The verdict of a tuned workload's final head-to-head (its best against the library calls, timed in
+# turns with long runs): which stored config replay runs. Created on first use, like claims.
+_VERDICTS = """
+CREATE TABLE IF NOT EXISTS verdicts (
+    workload TEXT NOT NULL, device TEXT NOT NULL, winner TEXT NOT NULL, detail TEXT NOT NULL,
+    timestamp REAL NOT NULL, PRIMARY KEY (workload, device))
+"""
+# How the best trial is chosen: the verdict's winner where there is one, else the lowest median.
+_ORDER = "t_median, t.id"
+_ORDER_WITH_VERDICTS = ("COALESCE(t.config_key = (SELECT winner FROM verdicts v WHERE v.workload = t.workload "
+                        "AND v.device = t.device), 0) DESC, " + _ORDER)
+
 # The best OK trial of every (workload, device), with the count of all its trials.
 _BEST_ROWS_SQL = """
 WITH ranked AS (
-    SELECT t.*, ROW_NUMBER() OVER (PARTITION BY workload, device ORDER BY t_median, id) AS pos
+    SELECT t.*, ROW_NUMBER() OVER (PARTITION BY workload, device ORDER BY {order}) AS pos
     FROM trials t WHERE status = 'OK' AND t_median IS NOT NULL),
 counts AS (SELECT workload, device, COUNT(*) AS n FROM trials GROUP BY workload, device)
 SELECT r.*, w.op, w.dtype, w.spec AS workload_spec, d.spec AS device_spec, c.n AS n_trials
@@ -259,17 +271,28 @@ class Database:
         return [_result(row) for row in self._db.query(sql + " ORDER BY id", params)]
 
     def best(self, workload_key: str, device: DeviceKey) -> MeasureResult | None:
-        """The OK trial with the lowest median time for a workload on a device, or None."""
+        """The OK trial a workload runs on a device: the winner of its head-to-head where one was
+        stored (`save_verdict`), else the one with the lowest median time; None if none ran."""
         rows = self._db.query(
-            "SELECT * FROM trials WHERE workload = ? AND device = ? AND status = 'OK' AND t_median IS NOT NULL "
-            "ORDER BY t_median, id LIMIT 1", [workload_key, device.key])
+            "SELECT * FROM trials t WHERE workload = ? AND device = ? AND status = 'OK' AND t_median IS NOT NULL "
+            f"ORDER BY {self._order()} LIMIT 1", [workload_key, device.key])
         return next((_result(row) for row in rows), None)
+
+    def save_verdict(self, workload_key: str, device: DeviceKey, winner: Config, detail: dict) -> None:
+        """Store which stored config won a workload's final head-to-head (and its timings)."""
+        with self._write():
+            self._db.conn.execute(_VERDICTS)
+            self._db.execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?, ?, ?)",
+                             [workload_key, device.key, winner.key, json.dumps(detail, sort_keys=True), time.time()])
+
+    def _order(self) -> str:
+        return _ORDER_WITH_VERDICTS if "verdicts" in self._db.table_names() else _ORDER
 
     def best_rows(self, op: str | None = None) -> list[BestRow]:
         """The best OK trial of every (workload, device) pair, optionally of one op."""
         return [BestRow(row["workload"], row["op"], row["dtype"], row["workload_spec"],
                         DeviceKey.from_json(row["device_spec"]), _result(row), row["n_trials"])
-                for row in self._db.query(_BEST_ROWS_SQL, {"op": op})]
+                for row in self._db.query(_BEST_ROWS_SQL.format(order=self._order()), {"op": op})]
 
     def workloads(self, op: str | None = None) -> list[tuple[str, str, str, str]]:
         """(key, op, dtype, spec JSON) of every stored workload, optionally of one op."""

@@ -153,6 +153,7 @@ def tune_model(model_spec, input_shapes, dtype, trials, strategy, seed, summary_
     with tuning(db_path, options, capture) as (gpu, db):  # the model is captured while the GPU worker starts
         out.print(tm.plan_table(planned))
         summaries = tm.tune_all(planned, db, options, gpu)
+    out.print(tm.result_table(summaries))
     if summary_json:
         Path(summary_json).write_text(json.dumps(summaries, indent=2))
 

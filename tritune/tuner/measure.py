@@ -80,10 +80,11 @@ def measure_candidate(expr: Any, config: Config, seed: int, timing: Timing, best
     start = time.perf_counter()
     fam = family(expr.op)
     x, ref = _workload(expr, seed)
+    match_precision(expr)
     kernel = fam.kernel(expr, config, fam.problem_of(expr, x.args))
-    kernel(*x.args)
+    out = kernel(*x.args)  # a library call may return a fresh tensor; a kernel writes the output
     torch.cuda.synchronize()
-    err, tol = rel_error(x.out, ref), fam.tolerance(expr)
+    err, tol = rel_error(x.out if out is None else out, ref), fam.tolerance(expr)
     checked = time.perf_counter()
     if not err <= tol:
         return {"status": Status.WRONG_ANSWER, "message": f"relative error {err:.3g} > {tol:.1g}",
@@ -184,10 +185,50 @@ def in_turns(fns: dict[str, Callable[[], Any]], timing: Timing, rounds: int = 3)
     return times
 
 
+def match_precision(expr: Any) -> None:
+    """Let fp32 library calls (cuBLAS, cuDNN) use tf32 exactly when the workload allows it (the
+    float64 reference is not affected by these switches)."""
+    import torch
+
+    tf32 = bool(getattr(expr, "tf32", False))
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+
+
 def head_to_head(expr: Any, config: Config, seed: int, timing: Timing = COMPARE, rounds: int = 3) -> dict:
-    """Median times of the tuned kernel and of PyTorch, alternated on the same inputs."""
+    """Median ms of the tuned best (`config`, which may itself be a library call), of every library
+    implementation of the expression, and of `torch.compile`'s default lowering of it, timed in
+    turns on the same inputs; the fastest alternative is named."""
     fam = family(expr.op)
     x = fam.inputs(expr, seed_for(seed, "final"), "cuda")
-    kernel = fam.kernel(expr, config, fam.problem_of(expr, x.args))
-    times = in_turns({"ours": lambda: kernel(*x.args), "torch": fam.eager(expr, x)}, timing, rounds)
-    return {"ours_ms": statistics.median(times["ours"]), "torch_ms": statistics.median(times["torch"])}
+    match_precision(expr)
+    ours = fam.kernel(expr, config, fam.problem_of(expr, x.args))
+    fns = {"ours": ours, **{name: fam.library(expr, name) for name in fam.libraries(expr)}}
+    compiled, why = _compiled(fam.expression(expr), x.args)
+    if compiled is not None:
+        fns["torch.compile"] = compiled
+    times = in_turns({name: (lambda f=f: f(*x.args)) for name, f in fns.items()}, timing, rounds)
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    ours_ms = medians.pop("ours")
+    best = min(medians, key=medians.get)
+    return {"ours_ms": ours_ms, "alternatives": medians, "best_alternative": best, "best_alternative_ms": medians[best],
+            "compile_error": why}
+
+
+def _compiled(fn: Callable[..., Any], args: tuple) -> tuple[Callable[..., Any] | None, str]:
+    """`torch.compile(fn)` (Inductor, default mode, static shapes), warmed up on `args`; or None and
+    why it could not compile (the head-to-head then compares with the library alone)."""
+    import torch
+    import torch._inductor.config as inductor_config
+
+    from tritune.kernels.frontend.extract import first_line
+
+    torch._dynamo.reset()  # every workload's expression is the same code: Dynamo would stop compiling after 8
+    try:
+        compiled = torch.compile(fn, dynamic=False)
+        # one small kernel at most: compiling it here beats starting Inductor's pool of compile processes
+        with inductor_config.patch(compile_threads=1):
+            compiled(*args)
+        torch.cuda.synchronize()
+        return compiled, ""
+    except Exception as exc:  # noqa: BLE001 - a comparison that cannot run is reported, not fatal
+        return None, first_line(exc)

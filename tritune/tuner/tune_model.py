@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from tritune.kernels.expr import ExprError, check_dtype, parse_dims, torch_dtype
+from tritune.kernels.family import expr_from_dict
 from tritune.kernels.frontend.extract import first_line
 
 MIN_TRIALS = 16  # each task gets at least this many (when the budget allows): a first round plus a model fit
@@ -129,6 +130,26 @@ def plan_table(planned: Sequence[Planned]) -> Any:
     for i, p in enumerate(planned, 1):
         table.add_row(str(i), p.task.expr.describe(), str(p.task.count), f"{p.share:.0%}", str(p.trials),
                       ", ".join(p.task.unfused))
+    return table
+
+
+def result_table(summaries: Sequence[dict]) -> Any:
+    """The model's workloads after tuning: the best found (a tritune kernel, or the library where it
+    won) against the fastest alternative without tritune, and what a compiled model will run."""
+    from rich.table import Table
+
+    table = Table(title="tuned workloads: the best against the fastest alternative (timed in turns)")
+    for col in ("workload", "count", "best", "ms", "fastest alternative", "ms", "speed-up", "compiled model runs"):
+        table.add_column(col)
+    for s in summaries:
+        expr = expr_from_dict(s["workload"])
+        if not s.get("best_config"):
+            table.add_row(expr.describe(), str(s["count"]), "nothing ran", "", "", "", "", "Inductor's choice")
+            continue
+        library = s["best_config"].get("library")
+        table.add_row(expr.describe(), str(s["count"]), f"library {library}" if library else "tritune kernel",
+                      f"{s['final_ours_ms']:.4f}", s["best_alternative"], f"{s['best_alternative_ms']:.4f}",
+                      f"{s['ratio_vs_best_alternative']:.3f}x", "Inductor's choice" if library else "tritune kernel")
     return table
 
 
