@@ -4,7 +4,10 @@ and every knob of the contraction template (split-K, TMA loads, persistent loop,
 specialisation).
 
 Families other than matmul contribute their examples (`Family.examples()`), each run with a few
-seeded random configs of its space. `--faults` then checks the fault hook of every family through
+seeded random configs of its space. Every library candidate (`Family.libraries`: mm / addmm /
+addmm_activation, torch's softmax / layer_norm / conv2d) is checked the same way. The replay route
+(`torch.ops.tritune.matmul`, a triton_op that Inductor launches itself) is checked with every knob
+of the template, compiled by Inductor in its default mode and with CUDA graphs (reduce-overhead). `--faults` then checks the fault hook of every family through
 the crash-isolated runner: "oob" must come back CRASH, "hang" TIMEOUT, "wrong" WRONG_ANSWER, and
 a plain run after each OK.
 
@@ -28,7 +31,7 @@ from tritune.records.result import Status
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits
 from tritune.tuner.builder import Builder
-from tritune.tuner.measure import Timing, rel_error
+from tritune.tuner.measure import Timing, match_precision, rel_error
 from tritune.tuner.runner import Runner
 from tritune.tuner.session import device_target
 
@@ -78,6 +81,45 @@ def family_cases(limits: Limits, per_expr: int) -> list:
     return out
 
 
+def library_cases() -> list:
+    """Every library candidate of the epilogue cases and of every other family's examples."""
+    exprs = [Matmul(77, 95, 130, batch=b, dtype=d, epilogue=e)
+             for e, d, b in itertools.product(EPILOGUES + [(BiasAdd(), Relu())], ("fp16", "bf16", "fp32"), (1, 2))]
+    exprs += [e for op in REGISTRY if op not in ("matmul", "bmm") for e in family(op).examples()]
+    return [(e, Config.of(library=name)) for e in exprs for name in family(e.op).libraries(e)]
+
+
+def route_rows() -> list[dict]:
+    """The tuned op under torch.compile (Inductor launching the kernel) with every knob, in the
+    default mode and with CUDA graphs, against float64."""
+    from tritune.kernels.frontend import tuned_op
+    from tritune.kernels.frontend.ops import contraction_expr
+
+    rows = []
+    for i, (knobs, mode) in enumerate(itertools.product([{}] + KNOBS, (None, "reduce-overhead"))):
+        gen = torch.Generator(device="cuda").manual_seed(i)
+        a, w = (torch.randn(s, generator=gen, device="cuda").half() for s in ((1000, 1576), (520, 1576)))
+        bias = torch.randn(520, generator=gen, device="cuda").half()
+        expr = contraction_expr(a, w.t(), (BiasAdd(), Gelu("tanh")))
+        config = TILE.replace(**knobs) if knobs.get("PERSISTENT") or knobs.get("WARP_SPEC") else \
+            SMALL.replace(UNROLL=1, **knobs)
+        spec = tuned_op.spec_of(expr, config)
+        torch._dynamo.reset()
+        f = torch.compile(lambda a, w, bias: torch.ops.tritune.matmul(a, w.t(), bias, spec) * 2, mode=mode)
+        ref = torch.nn.functional.gelu(a.double() @ w.double().t() + bias.double(), approximate="tanh") * 2
+        try:
+            for _ in range(3):  # CUDA graphs: warm-up, record, replay
+                out = f(a, w, bias)
+            torch.cuda.synchronize()
+            err = rel_error(out, ref)
+        except Exception as exc:  # noqa: BLE001 - reported as a failed case
+            print(f"FAIL route {knobs} {mode}: {type(exc).__name__}: {str(exc)[:300]}")
+            err = float("inf")
+        rows.append({"case": f"route {mode or 'default'}", "dtype": "fp16", "config": str(knobs), "rel_error": err,
+                     "tolerance": 2e-3, "ok": err <= 2e-3})
+    return rows
+
+
 FAULT_STATUS = {"oob": Status.CRASH, "hang": Status.TIMEOUT, "wrong": Status.WRONG_ANSWER}
 
 
@@ -114,10 +156,11 @@ def check(expr, config: Config, seed: int) -> dict:
     """Run one case once and compare with float64 (an exception is a failed case, with its message)."""
     fam = family(expr.op)
     x = fam.inputs(expr, seed, "cuda")
+    match_precision(expr)
     try:
-        fam.kernel(expr, config, fam.problem_of(expr, x.args))(*x.args)
+        out = fam.kernel(expr, config, fam.problem_of(expr, x.args))(*x.args)
         torch.cuda.synchronize()
-        err = rel_error(x.out, fam.reference(expr, x.args))
+        err = rel_error(x.out if out is None else out, fam.reference(expr, x.args))
     except Exception as exc:  # noqa: BLE001 - reported as a failure, the other cases still run
         print(f"FAIL {expr.describe()}: {type(exc).__name__}: {str(exc)[:200]}")
         err = float("inf")
@@ -135,12 +178,15 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     props = torch.cuda.get_device_properties(0)
     limits = Limits(props.shared_memory_per_block_optin, props.multi_processor_count)
-    pairs = matmul_cases() + family_cases(limits, args.per_expr)
+    pairs = matmul_cases() + family_cases(limits, args.per_expr) + library_cases()
     precompile(pairs)
     rows = []
     for i, (expr, config) in enumerate(pairs):
         rows.append(check(expr, config, i))
         r = rows[-1]
+        print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['case']:44s} err {r['rel_error']:.2e}  {r['config']}", flush=True)
+    rows += route_rows()
+    for r in rows[len(pairs):]:
         print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['case']:44s} err {r['rel_error']:.2e}  {r['config']}", flush=True)
     for op in sorted({r["case"].split()[0] for r in rows}):
         for d in ("fp16", "bf16", "fp32"):

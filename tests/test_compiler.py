@@ -43,12 +43,12 @@ def rel_errors(outs, refs):
 @pytest.fixture
 def tuned_calls(monkeypatch):
     calls = []
-    original = tuned_op.Bound.__call__
+    original = tuned_op.Site.__call__
 
     def counting(self, a, b, bias):
         calls.append(self.expr.describe())
         return original(self, a, b, bias)
-    monkeypatch.setattr(tuned_op.Bound, "__call__", counting)
+    monkeypatch.setattr(tuned_op.Site, "__call__", counting)
     return calls
 
 
@@ -109,17 +109,15 @@ def test_inductor_compiles_the_rest(tmp_path, tuned_calls):
     assert "torch.ops.tritune.matmul.default" in code[0] and "extern_kernels.addmm" in code[0]
 
 
-def test_a_call_site_checks_layout_and_alignment(monkeypatch):
+def test_a_call_site_runs_its_kernel_only_on_the_layout_it_was_tuned_for(monkeypatch):
     a, b = torch.randn(33, 29), torch.randn(29, 47)
-    spec = tuned_op.spec_of(contraction_expr(a, b, ()), FAST, a, b, None)
-    through_ops = []
-    monkeypatch.setattr(ops, "matmul", lambda *args, **kw: through_ops.append(1) or a.new_zeros(33, 47))
-    assert torch.allclose(tuned_op.OP(a, b, None, spec), a @ b, atol=1e-5) and not through_ops
-    shifted = torch.randn(33 * 29 + 1)[1:].view(33, 29)  # same layout, 4 bytes off the alignment
-    transposed = a.t().contiguous().t()
-    for other in (shifted, transposed):
-        tuned_op.OP(other, b, None, spec)
-    assert len(through_ops) == 2
+    spec = tuned_op.spec_of(contraction_expr(a, b, ()), FAST)
+    launched = []
+    original = tuned_op.wrap_triton
+    monkeypatch.setattr(tuned_op, "wrap_triton", lambda fn: launched.append(1) or original(fn))
+    assert torch.allclose(tuned_op.OP(a, b, None, spec), a @ b, atol=1e-5) and launched == [1]
+    transposed = a.t().contiguous().t()  # the same values stored column-major: torch ops compute it
+    assert torch.allclose(tuned_op.OP(transposed, b, None, spec), a @ b, atol=1e-5) and launched == [1]
 
 
 def test_bad_database_is_reported_when_the_backend_is_made(tmp_path):
@@ -129,17 +127,17 @@ def test_bad_database_is_reported_when_the_backend_is_made(tmp_path):
         tritune.compiler(tmp_path / "missing.db")
 
 
-def test_a_kernel_that_does_not_build_is_left_to_the_fallback(tmp_path, caplog, monkeypatch, tuned_calls):
+def test_a_kernel_that_cannot_be_loaded_is_left_to_the_fallback(tmp_path, caplog, monkeypatch, tuned_calls):
     model, x = nn.Linear(23, 11), torch.randn(17, 23)
     db = store(tmp_path / "t.db", [tritune.extract_tasks(model, (x,))[0].expr])
 
     def broken(spec):
-        raise RuntimeError("PTX assembly failed\nfull log")
-    monkeypatch.setattr(tuned_op, "bind", broken)
+        raise RuntimeError("template failed\nfull log")
+    monkeypatch.setattr(tuned_op, "site", broken)
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger="tritune.compiler"):
         y = torch.compile(model, backend=tritune.compiler(db, fallback="eager"))(x)
     assert tuned_calls == [] and torch.allclose(y, model(x))
-    assert "matmul 17x11x23 fp32 NT+bias does not build (RuntimeError: PTX assembly failed); left" in caplog.text
+    assert "matmul 17x11x23 fp32 NT+bias cannot be loaded (RuntimeError: template failed); left" in caplog.text
 
 
 def test_the_backend_is_registered_by_name_and_replays_the_active_database(tmp_path, tuned_calls):
@@ -151,3 +149,90 @@ def test_the_backend_is_registered_by_name_and_replays_the_active_database(tmp_p
         refs = model(*inputs)
     assert max(rel_errors(outs, refs)) < TOLERANCE[torch.float32]
     assert tuned_calls  # the registered name ran tuned kernels, not just Inductor
+
+
+ROUTE = """
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.functional_tensor import dispatch_functionalize
+from torch.fx.experimental.proxy_tensor import make_fx
+from tritune.kernels.contraction.expr import Matmul
+from tritune.kernels.epilogue import BiasAdd, Gelu
+from tritune.kernels.frontend import tuned_op
+from tritune.schedules.config import Config
+
+config = Config.of(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3, UNROLL=1, SPLIT_K=2)
+spec = tuned_op.spec_of(Matmul(96, 80, 64, dtype="fp16", trans_b=True, epilogue=(BiasAdd(), Gelu("tanh"))), config)
+with FakeTensorMode():  # CUDA tensors that need no GPU
+    a = torch.empty(96, 64, dtype=torch.float16, device="cuda")
+    b = torch.empty(80, 64, dtype=torch.float16, device="cuda").t()
+    bias = torch.empty(80, dtype=torch.float16, device="cuda")
+    moved = torch.empty(64, 96, dtype=torch.float16, device="cuda").t()  # A stored transposed: not tuned
+for x in (a, moved):
+    f = dispatch_functionalize(lambda a, b, bias: torch.ops.tritune.matmul(a, b, bias, spec))
+    print(make_fx(f)(x, b, bias).code)
+"""
+
+
+def test_compiled_graphs_launch_the_tuned_kernel_itself(tmp_path):
+    """What AOT autograd hands Inductor (functionalised ATen) holds the tuned Triton kernel's launch,
+    with the config's parameters and the operands' strides, and the split-K scratch as buffers; on
+    a layout that was not tuned, torch ops. Real JIT functions (no interpreter), fake CUDA tensors."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITUNE_CACHE_DIR"] = str(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", ROUTE], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    tuned, untuned = proc.stdout.split("def forward")[1:]
+    assert "triton_kernel_wrapper_functional" in tuned and "'SPLIT_K': 2" in tuned and "'BLOCK_M': 64" in tuned
+    assert "'stride_bk': 1, 'stride_bn': 64" in tuned and "new_zeros" in tuned  # B transposed; split-K counters
+    assert "triton_kernel_wrapper" not in untuned and "aten.mm" in untuned
+
+
+def test_a_site_where_the_library_won_is_left_to_the_fallback(tmp_path, tuned_calls):
+    model, x = nn.Linear(23, 19), torch.randn(17, 23)
+    expr = tritune.extract_tasks(model, (x,))[0].expr
+    db = Database(tmp_path / "t.db")
+    db.add_workload(expr.key, expr.op, expr.dtype, expr.to_json())
+    db.save(expr.key, device_key(device_info(), "matmul"), [MeasureResult(FAST, Status.OK, 1.0, 1.0, 1.0, 1.0),
+                                                          MeasureResult(Config.of(library="addmm"), Status.OK, *[0.9] * 4)])
+    db.close()
+    backend = tritune.compiler(tmp_path / "t.db", fallback="eager")
+    with torch.no_grad():
+        y = torch.compile(model, backend=backend, fullgraph=True)(x)
+        assert torch.allclose(y, model(x))
+        with tritune.apply_history_best(tmp_path / "t.db"):  # the call-time op runs the library too
+            y = ops.matmul(x, model.weight.t(), model.bias, allow_tf32=expr.allow_tf32)
+            choice = next(e.choice for e in ops._entries.values() if e.choice.expr.key == expr.key)
+            assert choice.source == "tuned" and choice.config == Config.of(library="addmm")
+            assert torch.allclose(y, model(x), atol=1e-5)
+    assert backend.sites == [("matmul 17x19x23 fp32 NT+bias", "library")] and tuned_calls == []
+
+
+def test_modes_and_fallbacks_are_checked_when_the_backend_is_made(tmp_path):
+    db = store(tmp_path / "t.db", [])
+    assert callable(tritune.compiler(db, mode="reduce-overhead").fallback)
+    with pytest.raises(ValueError, match="unknown mode 'fastest'"):
+        tritune.compiler(db, mode="fastest")
+    with pytest.raises(ValueError, match="unknown fallback 'nope'"):
+        tritune.compiler(db, fallback="nope")
+
+
+def test_the_rewritten_graph_keeps_what_dynamo_knew_of_its_inputs(tmp_path):
+    """AOT autograd finds the parameters among the inputs (CUDA graphs keep them in place) only in
+    graphs that carry Dynamo's facts: the rewrite passes them on."""
+    model, x = nn.Linear(23, 19), torch.randn(17, 23)
+    db = store(tmp_path / "t.db", [tritune.extract_tasks(model, (x,))[0].expr])
+    seen = []
+    with torch.no_grad():
+        torch.compile(model, backend=tritune.compiler(db, fallback=lambda gm, xs: seen.append(gm) or gm.forward),
+                      fullgraph=True)(x)
+    (gm,) = seen
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    assert "tritune.matmul" in gm.code and "dynamo_compile_id" in gm.meta
+    assert all(p._dynamo_source is not None for p in placeholders)
+    static = [p for p in placeholders if p.meta.get("tensor_dict", {}).get("_dynamo_static_input_type")]
+    assert len(static) == 2  # weight and bias; x is not

@@ -46,16 +46,21 @@ def canonical_problem(expr: Matmul) -> Problem:
     return Problem(expr.batch, (m, n, k, *a, *b, *c, 1 if expr.has_bias else 0), (True,) * 4)
 
 
-def problem_of(expr: Matmul, a: Any, b: Any, c: Any, bias: Any = None) -> Problem:
-    """The problem of concrete torch tensors (2-D, or 3-D with a leading batch dimension)."""
+def ints_of(expr: Matmul, a: Any, b: Any, c: Any, bias: Any = None) -> tuple[int, ...]:
+    """The kernel's integer arguments for torch tensors (2-D, or 3-D with a leading batch
+    dimension; real or fake: only shapes and strides are read)."""
     def strides(t: Any) -> tuple[int, ...]:
         s = t.stride()
         return s if t.dim() == 3 else (0, *s)
 
     bias_stride = bias.stride(0) if expr.has_bias else 0
-    ints = (expr.m, expr.n, expr.k, *strides(a), *strides(b), *strides(c), bias_stride)
+    return (expr.m, expr.n, expr.k, *strides(a), *strides(b), *strides(c), bias_stride)
+
+
+def problem_of(expr: Matmul, a: Any, b: Any, c: Any, bias: Any = None) -> Problem:
+    """The problem of concrete torch tensors (2-D, or 3-D with a leading batch dimension)."""
     pointers = (a, b, c, bias if expr.has_bias else c)
-    return Problem(expr.batch, ints, tuple(t.data_ptr() % 16 == 0 for t in pointers))
+    return Problem(expr.batch, ints_of(expr, a, b, c, bias), tuple(t.data_ptr() % 16 == 0 for t in pointers))
 
 
 def tma_unfit(expr: Matmul, problem: Problem, store: bool = False) -> str | None:

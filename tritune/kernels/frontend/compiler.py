@@ -1,9 +1,11 @@
 """A torch.compile backend that replays the tuning database: `torch.compile(m, backend=tritune.compiler(db))`.
 
-Each contraction of the graph (with the epilogue that fuses after it) whose exact workload has a
-record on this device becomes a call to `torch.ops.tritune.matmul`, running the stored best config
-from a kernel built at compile time; the rest of the graph, and every contraction without a record,
-goes to Inductor (or to another `fallback`). Misses are logged once per workload.
+Each contraction of the graph (with the epilogue that fuses after it) whose exact workload's best
+record on this device is a tritune kernel becomes a call to `torch.ops.tritune.matmul`, a triton_op
+that Inductor launches like its own kernels. A site whose best is the library (cuBLAS measured
+faster while tuning), every contraction without a record, and the rest of the graph go to Inductor
+(or to another `fallback`), in the `mode` asked for ("reduce-overhead": CUDA graphs). Misses are
+logged once per workload.
 """
 from __future__ import annotations
 
@@ -25,11 +27,12 @@ log = logging.getLogger("tritune.compiler")
 _logged: set[str] = set()
 
 
-def compiler(db: Any = None, *, fallback: str | Callable = "inductor") -> "Backend":
+def compiler(db: Any = None, *, fallback: str | Callable = "inductor", mode: str | None = None) -> "Backend":
     """A torch.compile backend running tuned kernels from `db` (a path or a database; default: the
     active `apply_history_best` context, else the default database), the rest by `fallback`
-    ('inductor', 'eager', or a backend callable)."""
-    return Backend(db, fallback)
+    ('inductor', another torch.compile backend's name such as 'aot_eager' or 'eager', or a backend
+    callable); `mode` is Inductor's (torch.compile's `mode`: 'reduce-overhead', 'max-autotune', ...)."""
+    return Backend(db, fallback, mode)
 
 
 def registered(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
@@ -38,26 +41,45 @@ def registered(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
     return compiler()(gm, example_inputs)
 
 
-def inductor(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
-    """Inductor's default lowering."""
-    from torch._inductor.compile_fx import compile_fx
+def inductor(mode: str | None = None) -> Callable:
+    """Inductor's lowering in a torch.compile mode (None: the default)."""
+    patches = {}
+    if mode not in (None, "default"):
+        from torch._inductor import list_mode_options
 
-    return compile_fx(gm, list(example_inputs))
+        patches = list_mode_options(mode)  # raises for an unknown mode, naming the known ones
+
+    def run(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx(gm, list(example_inputs), config_patches=patches)
+    return run
 
 
-def eager(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
-    """Run the graph as it is (for tests and debugging)."""
-    return gm.forward
+def _fallback(fallback: str | Callable, mode: str | None) -> Callable:
+    if callable(fallback):
+        return fallback
+    if fallback == "inductor":
+        return inductor(mode)
+    from torch._dynamo import lookup_backend
+
+    try:
+        return lookup_backend(fallback)
+    except Exception:  # noqa: BLE001 - torch raises its own type for an unknown name
+        raise ValueError(f"unknown fallback {fallback!r}: 'inductor', a torch.compile backend name "
+                         "or a backend callable") from None
 
 
 class Backend:
     """The backend callable; `sites` lists, after each compile, every contraction found and whether
-    it runs a tuned kernel ('tuned') or was left to the fallback ('miss')."""
+    it runs a tuned kernel ('tuned'), was left to the fallback because the library measured
+    fastest ('library'), or because nothing was tuned for it ('miss')."""
 
-    def __init__(self, db: Any = None, fallback: str | Callable = "inductor") -> None:
-        self.fallback = {"inductor": inductor, "eager": eager}.get(fallback, fallback)
-        if not callable(self.fallback):
-            raise ValueError(f"unknown fallback {fallback!r}: 'inductor', 'eager' or a backend callable")
+    def __init__(self, db: Any = None, fallback: str | Callable = "inductor", mode: str | None = None) -> None:
+        try:
+            self.fallback = _fallback(fallback, mode)
+        except (KeyError, RuntimeError) as exc:  # an unknown Inductor mode
+            raise ValueError(f"unknown mode {mode!r}: {first_line(exc)}") from None
         # opened now, so that a missing or broken file is reported here and not deep inside torch.compile
         if db is not None and not isinstance(db, dispatch.HistoryBest):
             db = dispatch.HistoryBest(Path(db).expanduser())
@@ -77,43 +99,44 @@ class Backend:
             _log_once(repr(exc), f"tritune: the graph could not be traced ({first_line(exc)}); "
                                  "it goes to the fallback unchanged")
             return self.fallback(gm, example_inputs)
-        hits = self._built(self._lookup(graph.find(aten, graph.tf32_allowed()), _device_index(example_inputs)))
+        hits = self._lookup(graph.find(aten, graph.tf32_allowed()), _device_index(example_inputs))
         if not hits:
             return self.fallback(gm, example_inputs)
         rewrite(aten, hits)
+        _keep_input_facts(gm, aten)
         return self.fallback(aten, example_inputs)
 
-    def _lookup(self, matches: list[graph.Match], index: int) -> list[tuple[graph.Match, Any]]:
+    def _lookup(self, matches: list[graph.Match], index: int) -> list[tuple[graph.Match, str]]:
+        """(match, spec) of the sites that run a tuned kernel."""
         history, device = self._history(), device_key(device_info(index), "matmul")
         hits, misses = [], Counter()
         for m in matches:
             config = None if history is None else history.best(m.expr.key, device)
-            self.sites.append((m.expr.describe(), "miss" if config is None else "tuned"))
-            if config is None:
+            kind = "miss" if config is None else "library" if config.library is not None else "tuned"
+            self.sites.append((m.expr.describe(), kind))
+            if kind == "miss":
                 misses[m.expr.describe()] += 1
-            else:
-                hits.append((m, config))
+            elif kind == "tuned":
+                hits.append((m, self._spec(m, config)))
         if misses:
             listed = ", ".join(f"{d} (x{n})" if n > 1 else d for d, n in misses.items())
             _log_once(listed, f"tritune: no tuned record on {device.gpu} for {sum(misses.values())} of "
                               f"{len(matches)} contractions, left to the fallback: {listed}")
-        return hits
+        return [(m, spec) for m, spec in hits if spec]
 
-    def _built(self, hits: list[tuple[graph.Match, Any]]) -> list[tuple[graph.Match, str]]:
-        """(match, spec) of the hits whose kernel builds (now: compile time pays, not the first call)."""
+    @staticmethod
+    def _spec(m: graph.Match, config: Any) -> str:
+        """The tuned op's spec of a site, '' if its kernel source cannot be generated (logged)."""
         from tritune.kernels.frontend import tuned_op
 
-        built = []
-        for m, config in hits:
-            spec = tuned_op.spec_of(m.expr, config, graph.val(m.a), graph.val(m.b), _bias_val(m))
-            try:
-                tuned_op.bind(spec)
-            except Exception as exc:  # e.g. a binary that no longer builds with this Triton: Inductor runs it
-                _log_once(spec, f"tritune: the tuned kernel of {m.expr.describe()} does not build ({first_line(exc)}); "
-                                "left to the fallback")
-                continue
-            built.append((m, spec))
-        return built
+        spec = tuned_op.spec_of(m.expr, config)
+        try:
+            tuned_op.site(spec)
+        except Exception as exc:  # noqa: BLE001 - a record this version cannot run: Inductor runs the site
+            _log_once(spec, f"tritune: the tuned kernel of {m.expr.describe()} cannot be loaded "
+                            f"({first_line(exc)}); left to the fallback")
+            return ""
+        return spec
 
     def _history(self) -> dispatch.HistoryBest | None:
         from tritune.kernels.frontend.ops import history_of
@@ -143,9 +166,20 @@ def rewrite(gm: fx.GraphModule, hits: list[tuple[graph.Match, str]]) -> None:
     gm.recompile()
 
 
-def _bias_val(m: graph.Match) -> Any:
-    v = graph.val(m.bias)
-    return None if v is None else v.reshape(m.expr.n)
+def _keep_input_facts(traced: fx.GraphModule, aten: fx.GraphModule) -> None:
+    """Give the retraced graph what Dynamo told AOT autograd about the original (its compile id,
+    its inputs' sources, which of them are parameters): CUDA graphs then keep the weights in place
+    instead of copying them into the graph's memory on every call."""
+    old, new = traced.graph.find_nodes(op="placeholder"), aten.graph.find_nodes(op="placeholder")
+    sources = getattr(traced, "_param_name_to_source", None)
+    lifted = [name for name, _ in (*aten.named_parameters(), *aten.named_buffers())]
+    if len(old) != len(new) or sources is None or any(name not in sources for name in lifted):
+        return  # not a Dynamo graph as AOT autograd expects one: it treats every input as a plain one
+    for o, n in zip(old, new):
+        n.meta = {**o.meta, **n.meta}
+        n._dynamo_source = getattr(o, "_dynamo_source", None)
+    aten.meta.update({k: v for k, v in traced.meta.items() if k not in aten.meta})
+    aten._param_name_to_source = sources
 
 
 def _unsupported(example_inputs: Sequence[Any]) -> str:

@@ -1,5 +1,6 @@
 """Contractions in a traced model: each mm / addmm / bmm / baddbmm with the pointwise steps after it
-that the contraction template fuses as its epilogue (bias, scale, relu, gelu).
+that the contraction template fuses as its epilogue (bias, scale, relu, gelu). Outer products
+(K = 1, e.g. rotary embeddings' position x frequency) are no contraction worth a kernel.
 
 Task extraction and the torch.compile backend match on one normal form (`aten_graph`): the model
 traced to ATen ops on fake tensors, where linear and matmul have decomposed into t / view +
@@ -88,6 +89,8 @@ def _match(node: fx.Node, allow_tf32: bool) -> Match | None:
     av, bv, out = val(a), val(b), val(node)
     if not _static(av, bv, out) or str(av.dtype) not in DTYPE_NAMES or layout_of(av) is None or layout_of(bv) is None:
         return None
+    if av.shape[-1] == 1:
+        return None  # an outer product: Inductor makes it a broadcast multiply, fused with its neighbours
     steps: list[Epilogue] = [Scale(float(alpha))] if alpha != 1 else []
     if bias is not None:
         if not _is_bias(val(bias), out):

@@ -1,97 +1,96 @@
 """`torch.ops.tritune.matmul(a, b, bias, spec)`: the op a compiled graph calls for a tuned contraction.
 
-`spec` (a string, so that Inductor's generated code and its caches carry it) names the expression,
-the config and the operand layouts of one call site. Its kernel is built once, at compile time (or
-on first use, when Inductor loads the graph from its cache in another process); a call checks that
-the operands still have the layout and 16-byte alignment the binary assumes, which Inductor keeps
-(the op asks for exact strides), and otherwise runs the same config through `tritune.ops`.
+A `torch.library.triton_op`: when torch.compile traces it, its body becomes a launch of the tuned
+Triton kernel in Inductor's own generated code (Inductor compiles it with its other kernels, plans
+its buffers, and launches it without Python per call, under CUDA graphs too); called eagerly it
+launches the kernel through Triton's JIT. `spec` (a string, so that Inductor's caches carry it)
+names the expression and the config of one call site.
+
+Operands whose layout is not the one tuned (a row-major operand where a transposed one was tuned)
+run the expression as torch ops instead: correct, and visible to Inductor like any other op.
 """
 from __future__ import annotations
 
 import json
-from typing import Any
+from functools import lru_cache
+from typing import Any, Optional
 
 import torch
+from torch.library import triton_op, wrap_triton
 
+from tritune.kernels.contraction import launch
 from tritune.kernels.contraction.expr import Matmul
-from tritune.kernels.contraction.launch import Kernel, problem_of
-from tritune.kernels.expr import torch_dtype
-from tritune.kernels.frontend import ops
+from tritune.kernels.contraction.family import MATMUL
+from tritune.kernels.device import current_sms, interpreted
+from tritune.kernels.frontend.ops import layout_of
 from tritune.schedules.config import Config
 
-_LIB = torch.library.Library("tritune", "DEF")
-# Inductor then hands the op its operands with the strides seen at trace time (newer torch only)
-_TAGS = tuple(t for t in (getattr(torch.Tag, "needs_exact_strides", None),) if t is not None)
-_LIB.define("matmul(Tensor a, Tensor b, Tensor? bias, str spec) -> Tensor", tags=_TAGS)
-OP = torch.ops.tritune.matmul.default
+
+def spec_of(expr: Matmul, config: Config) -> str:
+    """The op's spec for one call site: the expression and the config to run."""
+    return json.dumps({"expr": expr.to_dict(), "config": json.loads(config.to_json())}, sort_keys=True,
+                      separators=(",", ":"))
 
 
-def _layout(t: Any) -> list | None:
-    return None if t is None else [list(t.shape), list(t.stride()), t.storage_offset() * t.element_size() % 16]
-
-
-def spec_of(expr: Matmul, config: Config, a: Any, b: Any, bias: Any) -> str:
-    """The op's spec for one call site: expression, config, and the operands' shapes, strides and
-    alignment (tensors, real or fake)."""
-    return json.dumps({"expr": expr.to_dict(), "config": json.loads(config.to_json()),
-                       "layout": [_layout(a), _layout(b), _layout(bias)]}, sort_keys=True, separators=(",", ":"))
-
-
-class Bound:
-    """One call site's kernel, prebuilt for the operand layout in its spec."""
+class Site:
+    """One call site: its kernel function, grid and compile-time parameters."""
 
     def __init__(self, spec: str) -> None:
         data = json.loads(spec)
         self.expr, self.config = Matmul.from_dict(data["expr"]), Config.of(data["config"])
-        metas = [None if x is None else _meta(x, self.expr) for x in data["layout"]]
-        a, b, bias = metas
-        batched = 3 in (a.dim(), b.dim())
-        self.out_shape = (self.expr.batch, self.expr.m, self.expr.n) if batched else (self.expr.m, self.expr.n)
-        out = torch.empty(self.out_shape, dtype=a.dtype, device="meta")
-        self.out_strides = out.stride()
-        self.expect = tuple(None if t is None else (t.shape, t.stride()) for t in metas)
-        # a pointer the binary assumes 16-byte aligned must be; one it does not assume may be anything
-        self.masks = tuple(0 if x is None or x[2] else 15 for x in data["layout"])
-        self.kernel = Kernel(self.expr, self.config, problem_of(self.expr, a, b, out, bias))
+        expr, config = self.expr, self.config
+        self.fn = launch.template.load(expr)
+        self.grid = launch.grid(expr, config, current_sms() if config.get("PERSISTENT", 0) else 0)
+        self.consts = {**launch.constexprs(expr, config), "num_warps": config["num_warps"],
+                       "num_stages": config["num_stages"]}
+        split = config.get("SPLIT_K", 1)
+        # split-K's fp32 partial tiles and arrival counters (a word each when unused)
+        self.slots = launch.tiles(expr, config) * expr.batch if split > 1 else 1
+        self.ws = self.slots * split * config["BLOCK_M"] * config["BLOCK_N"] if split > 1 else 1
+
+    def fits(self, a: Any, b: Any, out: Any, bias: Any) -> bool:
+        """Whether the operands have the layout the kernel was tuned for (and, for tensor-descriptor
+        loads, the strides those need; base pointers are assumed 16-byte aligned, as Inductor's are)."""
+        expr, tma = self.expr, self.config.get("TMA", 0)
+        if layout_of(a) is not expr.trans_a or layout_of(b) is not expr.trans_b:
+            return False
+        problem = launch.Problem(expr.batch, launch.ints_of(expr, a, b, out, bias), (True,) * 4)
+        return not tma or launch.tma_unfit(expr, problem, store=tma == 2) is None
+
+    def empty_out(self, a: Any, b: Any) -> Any:
+        """A fresh contiguous output for the operands (2-D, or 3-D if either is)."""
+        expr = self.expr
+        return a.new_empty((expr.batch, expr.m, expr.n) if 3 in (a.dim(), b.dim()) else (expr.m, expr.n))
 
     def __call__(self, a: Any, b: Any, bias: Any) -> Any:
-        """Launch on the operands (the prebuilt binary when their layout matches, else through ops)."""
-        (ea, eb, ebias), (ma, mb, mbias) = self.expect, self.masks
-        if (a.stride() == ea[1] and b.stride() == eb[1] and a.shape == ea[0] and b.shape == eb[0]
-                and not (a.data_ptr() & ma or b.data_ptr() & mb)
-                and (bias is None if ebias is None else bias.stride() == ebias[1] and not bias.data_ptr() & mbias)):
-            out = torch.empty_strided(self.out_shape, self.out_strides, dtype=a.dtype, device=a.device)
-            self.kernel(a, b, out, bias)
-            return out
-        return ops.matmul(a, b, bias, epilogue=self.expr.epilogue, config=self.config, allow_tf32=self.expr.allow_tf32)
+        expr, out = self.expr, self.empty_out(a, b)
+        if not self.fits(a, b, out, bias):
+            return MATMUL.expression(expr)(a, b, out, bias)
+        ws = a.new_empty(self.ws, dtype=torch.float32)
+        locks = a.new_zeros(self.slots, dtype=torch.int32)
+        if self.config.get("TMA", 0):
+            launch.use_torch_scratch()
+        ints = launch.ints_of(expr, a, b, out, bias)
+        wrap_triton(self.fn)[self.grid](a, b, out, bias if expr.has_bias else out, ws, locks, *ints, **self.consts)
+        return out
 
 
-def _meta(layout: list, expr: Matmul) -> Any:
-    shape, strides, misalign = layout
-    base = torch.empty_strided(shape, strides, dtype=torch_dtype(expr.dtype), device="meta")
-    # an offset that keeps the layout but gives the data pointer the same alignment as the real operand
-    return base.as_strided(shape, strides, misalign // base.element_size()) if misalign else base
+@lru_cache(maxsize=None)
+def site(spec: str) -> Site:
+    """The call site of a spec (its kernel source generated and loaded once)."""
+    return Site(spec)
 
 
-_bound: dict[str, Bound] = {}
+def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], spec: str) -> torch.Tensor:
+    """epilogue(a @ b [+ bias]) by the tuned kernel of `spec` (a fresh contiguous output)."""
+    return site(spec)(a, b, bias)
 
 
-def bind(spec: str) -> Bound:
-    """The call site of a spec, building its kernel (on the current device) on first use."""
-    site = _bound.get(spec)
-    if site is None:
-        site = _bound[spec] = Bound(spec)
-    return site
-
-
-def _impl(a: Any, b: Any, bias: Any, spec: str) -> Any:
-    return (_bound.get(spec) or bind(spec))(a, b, bias)
-
-
-def _fake(a: Any, b: Any, bias: Any, spec: str) -> Any:
-    shape = (max(a.shape[0] if a.dim() == 3 else 1, b.shape[0] if b.dim() == 3 else 1), a.shape[-2], b.shape[-1])
-    return a.new_empty(shape if 3 in (a.dim(), b.dim()) else shape[1:])
-
-
-_LIB.impl("matmul", _impl, "CompositeExplicitAutograd")
-torch.library.register_fake("tritune::matmul", _fake, lib=_LIB)
+if interpreted():
+    # The interpreter's kernels cannot be traced into Inductor's code (they are not JIT functions):
+    # on a CPU the op stays opaque and runs them eagerly, so the rest of the route is testable there.
+    torch.library.custom_op("tritune::matmul", matmul, mutates_args=())
+    torch.library.register_fake("tritune::matmul", lambda a, b, bias, spec: site(spec).empty_out(a, b))
+else:
+    triton_op("tritune::matmul", matmul, mutates_args=())
+OP = torch.ops.tritune.matmul.default
