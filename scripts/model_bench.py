@@ -237,11 +237,14 @@ def row(c: dict, t: dict) -> str:
 
 
 def tune_line(key: str, t: dict) -> str:
-    """Exit, wall time, and the tuned kernels' time against torch's, summed over the model's contractions."""
+    """Exit, wall time, sites that chose the library, and the chosen implementations' time against
+    the fastest alternatives', summed over the model's contractions."""
     tasks = [s for s in t.get("summary") or [] if s.get("final_ours_ms")]
-    ours, torch_ = (sum(s["count"] * s[f"final_{k}_ms"] for s in tasks) for k in ("ours", "torch"))
+    ours, alt = (sum(s["count"] * s[k] for s in tasks) for k in ("final_ours_ms", "best_alternative_ms"))
+    library = sum(s["count"] for s in tasks if "library" in (s.get("best_config") or {}))
     return f"tune {key}: exit {t['exit']}, {t['wall_s']:.0f} s, {len(t.get('summary') or [])} tasks" + (
-        f", contractions {ours:.3f} ms vs torch {torch_:.3f} ms" if tasks else "")
+        f", {library}/{sum(s['count'] for s in tasks)} sites chose the library; contractions {ours:.3f} ms "
+        f"vs the best alternatives {alt:.3f} ms" if tasks else "")
 
 
 def ratio(results: dict, key: str, ours: str, theirs: str, what: str) -> float | None:
