@@ -93,6 +93,7 @@ def route_rows() -> list[dict]:
     """The tuned op under torch.compile (Inductor launching the kernel) with every knob, in the
     default mode and with CUDA graphs, against float64."""
     from tritune.kernels.frontend import tuned_op
+    from tritune.kernels.frontend.compiler import inductor
     from tritune.kernels.frontend.ops import contraction_expr
 
     rows = []
@@ -105,7 +106,9 @@ def route_rows() -> list[dict]:
             SMALL.replace(UNROLL=1, **knobs)
         spec = tuned_op.spec_of(expr, config)
         torch._dynamo.reset()
-        f = torch.compile(lambda a, w, bias: torch.ops.tritune.matmul(a, w.t(), bias, spec) * 2, mode=mode)
+        # Inductor as the tritune backend configures it (static launches of tuned kernels)
+        f = torch.compile(lambda a, w, bias: torch.ops.tritune.matmul(a, w.t(), bias, spec) * 2,
+                          backend=inductor(mode))
         ref = torch.nn.functional.gelu(a.double() @ w.double().t() + bias.double(), approximate="tanh") * 2
         try:
             for _ in range(3):  # CUDA graphs: warm-up, record, replay

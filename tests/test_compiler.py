@@ -168,8 +168,10 @@ with FakeTensorMode():  # CUDA tensors that need no GPU
     b = torch.empty(80, 64, dtype=torch.float16, device="cuda").t()
     bias = torch.empty(80, dtype=torch.float16, device="cuda")
     moved = torch.empty(64, 96, dtype=torch.float16, device="cuda").t()  # A stored transposed: not tuned
-for x in (a, moved):
-    f = dispatch_functionalize(lambda a, b, bias: torch.ops.tritune.matmul(a, b, bias, spec))
+unsplit = tuned_op.spec_of(Matmul(96, 80, 64, dtype="fp16", trans_b=True, epilogue=(BiasAdd(), Gelu("tanh"))),
+                          config.replace(SPLIT_K=1))
+for x, s in ((a, spec), (moved, spec), (a, unsplit)):
+    f = dispatch_functionalize(lambda a, b, bias: torch.ops.tritune.matmul(a, b, bias, s))
     print(make_fx(f)(x, b, bias).code)
 """
 
@@ -186,10 +188,12 @@ def test_compiled_graphs_launch_the_tuned_kernel_itself(tmp_path):
     env["TRITUNE_CACHE_DIR"] = str(tmp_path)
     proc = subprocess.run([sys.executable, "-c", ROUTE], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    tuned, untuned = proc.stdout.split("def forward")[1:]
+    tuned, untuned, unsplit = proc.stdout.split("def forward")[1:]
     assert "triton_kernel_wrapper_functional" in tuned and "'SPLIT_K': 2" in tuned and "'BLOCK_M': 64" in tuned
     assert "'stride_bk': 1, 'stride_bn': 64" in tuned and "new_zeros" in tuned  # B transposed; split-K counters
     assert "triton_kernel_wrapper" not in untuned and "aten.mm" in untuned
+    # without split-K: empty stand-ins for its scratch, and no launch that zeroes counters
+    assert "triton_kernel_wrapper_functional" in unsplit and "new_zeros" not in unsplit and "[0]" in unsplit
 
 
 def test_a_site_where_the_library_won_is_left_to_the_fallback(tmp_path, tuned_calls):
@@ -236,3 +240,18 @@ def test_the_rewritten_graph_keeps_what_dynamo_knew_of_its_inputs(tmp_path):
     assert all(p._dynamo_source is not None for p in placeholders)
     static = [p for p in placeholders if p.meta.get("tensor_dict", {}).get("_dynamo_static_input_type")]
     assert len(static) == 2  # weight and bias; x is not
+
+
+def test_inductor_is_asked_to_launch_tuned_kernels_as_its_own(monkeypatch):
+    import torch._inductor.compile_fx as compile_fx
+    import torch._inductor.config as config
+
+    from tritune.kernels.frontend.compiler import inductor
+
+    seen = []
+    monkeypatch.setattr(compile_fx, "compile_fx", lambda gm, xs, config_patches: seen.append(config_patches))
+    inductor("reduce-overhead")(None, [])
+    inductor()(None, [])
+    static = {"static_launch_user_defined_triton_kernels": True} if hasattr(
+        config, "static_launch_user_defined_triton_kernels") else {}
+    assert seen == [{"triton.cudagraphs": True, **static}, static]

@@ -42,12 +42,19 @@ def registered(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
 
 
 def inductor(mode: str | None = None) -> Callable:
-    """Inductor's lowering in a torch.compile mode (None: the default)."""
+    """Inductor's lowering in a torch.compile mode (None: the default), launching tuned kernels as
+    it launches its own."""
+    import torch._inductor.config as config
+
     patches = {}
     if mode not in (None, "default"):
         from torch._inductor import list_mode_options
 
         patches = list_mode_options(mode)  # raises for an unknown mode, naming the known ones
+    # Inductor launches user-defined Triton kernels through Triton's Python launcher unless told
+    # otherwise: 22.5 us more per launch than its own kernels on an H100 (BENCHMARKS.md, issue 14)
+    if hasattr(config, "static_launch_user_defined_triton_kernels"):
+        patches = {**patches, "static_launch_user_defined_triton_kernels": True}
 
     def run(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
         from torch._inductor.compile_fx import compile_fx

@@ -43,10 +43,9 @@ class Site:
         self.grid = launch.grid(expr, config, current_sms() if config.get("PERSISTENT", 0) else 0)
         self.consts = {**launch.constexprs(expr, config), "num_warps": config["num_warps"],
                        "num_stages": config["num_stages"]}
-        split = config.get("SPLIT_K", 1)
-        # split-K's fp32 partial tiles and arrival counters (a word each when unused)
-        self.slots = launch.tiles(expr, config) * expr.batch if split > 1 else 1
-        self.ws = self.slots * split * config["BLOCK_M"] * config["BLOCK_N"] if split > 1 else 1
+        # split-K's fp32 partial tiles and arrival counters
+        self.slots = launch.tiles(expr, config) * expr.batch
+        self.ws = self.slots * config.get("SPLIT_K", 1) * config["BLOCK_M"] * config["BLOCK_N"]
 
     def fits(self, a: Any, b: Any, out: Any, bias: Any) -> bool:
         """Whether the operands have the layout the kernel was tuned for (and, for tensor-descriptor
@@ -66,8 +65,10 @@ class Site:
         expr, out = self.expr, self.empty_out(a, b)
         if not self.fits(a, b, out, bias):
             return MATMUL.expression(expr)(a, b, out, bias)
-        ws = a.new_empty(self.ws, dtype=torch.float32)
-        locks = a.new_zeros(self.slots, dtype=torch.int32)
+        # split-K's scratch; without split-K empty stand-ins (never read: no memory, no zeroing launch)
+        split = self.config.get("SPLIT_K", 1) > 1
+        ws = a.new_empty(self.ws if split else 0, dtype=torch.float32)
+        locks = a.new_zeros(self.slots, dtype=torch.int32) if split else a.new_empty(0, dtype=torch.int32)
         if self.config.get("TMA", 0):
             launch.use_torch_scratch()
         ints = launch.ints_of(expr, a, b, out, bias)
