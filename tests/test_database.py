@@ -214,3 +214,17 @@ def test_a_second_connection_keeps_every_commit_visible_to_other_processes(tmp_p
     for i in range(5):
         second.save("w", H100, [MeasureResult(Config.of(i=i), Status.OK, 1.0, 1.0, 1.0, 1.0)])
     assert int(subprocess.run([sys.executable, "-c", count], check=True, capture_output=True, text=True).stdout) == 5
+
+
+def test_a_verdict_decides_the_best_and_survives_export_and_import(db, tmp_path):
+    library = Config.of(library="addmm")
+    db.save("w1", H100, [ok(CFG, 0.5), ok(library, 0.6)])
+    assert db.best("w1", H100).config == CFG
+    db.save_verdict("w1", H100, library, {"ours_ms": 0.61, "alternatives": {"addmm": 0.6}})
+    assert db.best("w1", H100).config == library and [r.result.config for r in db.best_rows()] == [library]
+    buf = io.StringIO()
+    db.export_jsonl(buf)
+    assert [json.loads(line).get("verdict") for line in buf.getvalue().splitlines()] == [None, True]
+    fresh = Database(tmp_path / "fresh.db")
+    fresh.import_jsonl(io.StringIO(buf.getvalue()))
+    assert fresh.best("w1", H100).config == library

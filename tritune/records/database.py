@@ -17,13 +17,14 @@ from typing import Any, Iterable, Iterator, Sequence, TextIO
 import sqlite_utils
 
 from tritune.records.result import DeviceKey, MeasureResult, Status
+from tritune.records import jsonl
 from tritune.schedules.config import Config
 
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 60.0  # how long a write waits for other tuners' writes before it fails
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _TABLES = ("meta", "workloads", "devices", "trials")
-_TIMES = ("t_min", "t_p20", "t_median", "t_p80")
+_TIMES = jsonl.TIMES
 _TRIAL_COLUMNS = ("workload", "device", "config_key", "config", "status", *_TIMES, "compile_s", "timestamp", "message")
 
 _SCHEMA = f"""
@@ -301,26 +302,33 @@ class Database:
         return [tuple(row) for row in rows]
 
     def export_jsonl(self, fp: TextIO) -> int:
-        """Write every trial as one self-contained JSON line; returns lines written."""
+        """Write every trial as one self-contained JSON line (the winner of its workload's
+        head-to-head marked `"verdict": true`); returns lines written."""
         n = 0
+        winners = set()
+        if "verdicts" in self._db.table_names():
+            winners = {tuple(r) for r in self._db.execute("SELECT workload, device, winner FROM verdicts")}
         for row in self._db.query(_EXPORT_SQL):
-            line = {"workload": {"key": row["workload"], "op": row["op"], "dtype": row["dtype"],
-                                 "spec": json.loads(row["workload_spec"])},
-                    "device": json.loads(row["device_spec"]), "config": json.loads(row["config"]),
-                    "status": row["status"], **{t: row[t] for t in _TIMES},
-                    "compile_s": row["compile_s"], "timestamp": row["timestamp"], "message": row["message"]}
-            fp.write(json.dumps(line) + "\n")
+            won = (row["workload"], row["device"], row["config_key"]) in winners
+            fp.write(jsonl.trial_line(row, won) + "\n")
             n += 1
         return n
 
     def import_jsonl(self, fp: TextIO) -> int:
         """Add the trials of a JSONL export, all or nothing; returns how many were new."""
-        parsed = [_parse_line(text, number) for number, text in enumerate(fp, 1) if text.strip()]
+        try:
+            parsed = [jsonl.parse_line(text, number) for number, text in enumerate(fp, 1) if text.strip()]
+        except ValueError as exc:
+            raise DatabaseError(str(exc)) from None
         n = 0
         with self._write():
-            for workload, device, result in parsed:
+            for workload, device, result, won in parsed:
                 self._add_workload(*workload)
                 n += self._insert(workload[0], device, [result])
+                if won:  # the head-to-head's winner, as the exporting database had it
+                    self._db.conn.execute(_VERDICTS)
+                    self._db.execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?, ?, ?)",
+                                     [workload[0], device.key, result.config.key, "{}", result.timestamp])
         return n
 
 
@@ -374,35 +382,3 @@ def _trial_row(workload_key: str, device_key: str, r: MeasureResult) -> tuple:
 def _result(row: dict) -> MeasureResult:
     return MeasureResult(Config.from_json(row["config"]), Status(row["status"]), row["t_min"], row["t_p20"],
                          row["t_median"], row["t_p80"], row["compile_s"], row["timestamp"], row["message"])
-
-
-def _parse_line(text: str, number: int) -> tuple[tuple[str, str, str, str], DeviceKey, MeasureResult]:
-    """One JSONL line as (workload row, device, result); any flaw names the line."""
-    try:
-        data = json.loads(text)
-        _require(isinstance(data, dict), "not a JSON object")
-        workload, device, config = (_field(data, name, dict) for name in ("workload", "device", "config"))
-        spec = json.dumps(_field(workload, "spec", dict), separators=(",", ":"))  # key order kept as exported
-        row = (*(_field(workload, name, str) for name in ("key", "op", "dtype")), spec)
-        _require(all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in config.values()),
-                 "config values must be integers or strings")
-        status = _field(data, "status", str)
-        _require(status in Status._value2member_map_, f"unknown status {status!r}")
-        times = [_field(data, t, (int, float, type(None))) for t in _TIMES]
-        result = MeasureResult(Config.of(config), Status(status), *times, _field(data, "compile_s", (int, float)),
-                               _field(data, "timestamp", (int, float)), _field(data, "message", str))
-        return row, DeviceKey(**{k: _field(device, k, str) for k in DeviceKey.__dataclass_fields__}), result
-    except ValueError as exc:  # json.JSONDecodeError is a ValueError too
-        raise DatabaseError(f"bad trial on line {number}: {exc}") from None
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
-
-
-def _field(data: dict, name: str, kind: type | tuple[type, ...]) -> Any:
-    _require(name in data, f"missing field {name!r}")
-    value = data[name]
-    _require(isinstance(value, kind) and not isinstance(value, bool), f"field {name!r} has the wrong type")
-    return value

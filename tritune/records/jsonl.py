@@ -1,0 +1,57 @@
+"""The JSONL form of stored trials (`tune-cli export` / `import`): one self-contained line per trial."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tritune.records.result import DeviceKey, MeasureResult, Status
+from tritune.schedules.config import Config
+
+TIMES = ("t_min", "t_p20", "t_median", "t_p80")
+
+
+def trial_line(row: Any, won: bool) -> str:
+    """One stored trial (a row of trials joined with its workload and device) as a JSON line; the
+    winner of its workload's head-to-head is marked `"verdict": true`."""
+    line = {"workload": {"key": row["workload"], "op": row["op"], "dtype": row["dtype"],
+                         "spec": json.loads(row["workload_spec"])},
+            "device": json.loads(row["device_spec"]), "config": json.loads(row["config"]),
+            "status": row["status"], **{t: row[t] for t in TIMES},
+            "compile_s": row["compile_s"], "timestamp": row["timestamp"], "message": row["message"]}
+    if won:
+        line["verdict"] = True
+    return json.dumps(line)
+
+
+def parse_line(text: str, number: int) -> tuple[tuple[str, str, str, str], DeviceKey, MeasureResult, bool]:
+    """One JSONL line as (workload row, device, result, whether it won its head-to-head); any flaw
+    names the line."""
+    try:
+        data = json.loads(text)
+        _require(isinstance(data, dict), "not a JSON object")
+        workload, device, config = (_field(data, name, dict) for name in ("workload", "device", "config"))
+        spec = json.dumps(_field(workload, "spec", dict), separators=(",", ":"))  # key order kept as exported
+        row = (*(_field(workload, name, str) for name in ("key", "op", "dtype")), spec)
+        _require(all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in config.values()),
+                 "config values must be integers or strings")
+        status = _field(data, "status", str)
+        _require(status in Status._value2member_map_, f"unknown status {status!r}")
+        times = [_field(data, t, (int, float, type(None))) for t in TIMES]
+        result = MeasureResult(Config.of(config), Status(status), *times, _field(data, "compile_s", (int, float)),
+                               _field(data, "timestamp", (int, float)), _field(data, "message", str))
+        device_key = DeviceKey(**{k: _field(device, k, str) for k in DeviceKey.__dataclass_fields__})
+        return row, device_key, result, data.get("verdict") is True
+    except ValueError as exc:  # json.JSONDecodeError is a ValueError too
+        raise ValueError(f"bad trial on line {number}: {exc}") from None
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _field(data: dict, name: str, kind: type | tuple[type, ...]) -> Any:
+    _require(name in data, f"missing field {name!r}")
+    value = data[name]
+    _require(isinstance(value, kind) and not isinstance(value, bool), f"field {name!r} has the wrong type")
+    return value
