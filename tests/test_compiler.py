@@ -255,3 +255,19 @@ def test_inductor_is_asked_to_launch_tuned_kernels_as_its_own(monkeypatch):
     static = {"static_launch_user_defined_triton_kernels": True} if hasattr(
         config, "static_launch_user_defined_triton_kernels") else {}
     assert seen == [{"triton.cudagraphs": True, **static}, static]
+
+
+def test_a_torch_without_triton_op_leaves_every_graph_to_the_fallback(tmp_path, monkeypatch, caplog):
+    import sys
+
+    model, x = nn.Linear(23, 19), torch.randn(17, 23)
+    db = store(tmp_path / "t.db", [tritune.extract_tasks(model, (x,))[0].expr])
+    import tritune.kernels.frontend as frontend
+
+    monkeypatch.setitem(sys.modules, "tritune.kernels.frontend.tuned_op", None)  # import fails, as on old torch
+    monkeypatch.delattr(frontend, "tuned_op", raising=False)
+    backend = tritune.compiler(db, fallback="eager")
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="tritune.compiler"):
+        y = torch.compile(model, backend=backend)(x)
+    assert torch.allclose(y, model(x)) and backend.sites == []
+    assert "cannot define the replay op" in caplog.text and "the graph goes to the fallback unchanged" in caplog.text

@@ -191,6 +191,10 @@ def _keep_input_facts(traced: fx.GraphModule, aten: fx.GraphModule) -> None:
 
 def _unsupported(example_inputs: Sequence[Any]) -> str:
     """Why a graph cannot be rewritten ('' when it can)."""
+    try:
+        from tritune.kernels.frontend import tuned_op  # noqa: F401 - needs torch.library.triton_op (torch >= 2.6)
+    except ImportError as exc:
+        return f"this torch cannot define the replay op ({first_line(exc)})"
     if any(isinstance(x, torch.SymInt) for x in example_inputs):
         return "dynamic shapes are not replayed (compile with dynamic=False)"
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
