@@ -41,7 +41,8 @@ def load_datasets(db: Database, op: str | None = None, min_trials: int = 32) -> 
     for row in db.best_rows(op):  # one row per (workload, device) with a correct trial
         if row.n_trials < min_trials:
             continue
-        results = db.trials(row.workload_key, row.device)
+        # schedules only: library calls are measured beside the space, and have no features
+        results = [r for r in db.trials(row.workload_key, row.device) if r.config.library is None]
         expr = expr_from_dict(json.loads(row.workload_spec))
         major, minor = (int(x) for x in row.device.capability.split("."))
         X, y = training_set(expr, Limits.for_capability(major, minor), results)
