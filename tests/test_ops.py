@@ -111,3 +111,23 @@ def test_given_config_and_odd_strides():
     assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-5
     entry = next(e for e in ops._entries.values() if e.choice.expr.m == 21 and e.choice.expr.n == 17)
     assert entry.choice.source == "given" and entry.kernel.config == FAST and entry.copy_a and not entry.copy_b
+
+
+def test_a_nearest_shape_whose_library_call_does_not_apply_is_passed_over(tmp_path):
+    """The nearest tuned shape chose addmm (it has a bias); a call without one cannot run addmm:
+    the next nearest that can run is used."""
+    from tritune.kernels.epilogue import BiasAdd
+
+    db = Database(tmp_path / "t.db")
+    device = device_key(device_info(), "matmul")
+    for expr, config in ((Matmul(40, 33, 24, dtype="fp16", epilogue=(BiasAdd(),)), Config.of(library="addmm")),
+                         (Matmul(400, 330, 240, dtype="fp16"), FAST)):
+        db.add_workload(expr.key, expr.op, expr.dtype, expr.to_json())
+        db.save(expr.key, device, [MeasureResult(config, Status.OK, 1.0, 1.0, 1.0, 1.0)])
+    db.close()
+    a, b = torch.randn(41, 24, dtype=torch.float16), torch.randn(24, 33, dtype=torch.float16)
+    with warnings.catch_warnings(), tritune.apply_history_best(tmp_path / "t.db"):
+        warnings.simplefilter("ignore")
+        choice = ops.explain(a, b)
+        check(ops.matmul(a, b), a, b)
+    assert choice.source == "nearest" and choice.config == FAST

@@ -107,7 +107,9 @@ def choose(expr: Matmul, history: dispatch.HistoryBest | None, device_index: int
         exact = history.best(expr.key, device)
         if exact is not None:
             return Choice(exact, "tuned", expr)
-        tuned = [(Matmul.from_dict(spec), cfg) for spec, cfg in history.tuned(expr.op, expr.dtype, device)]
+        usable = family(expr.op).libraries(expr)  # another shape's library call may not apply here (addmm: a bias)
+        tuned = [(Matmul.from_dict(spec), cfg) for spec, cfg in history.tuned(expr.op, expr.dtype, device)
+                 if cfg.library is None or cfg.library in usable]
         if tuned:
             near, cfg = min(tuned, key=lambda t: expr.shape_distance(t[0]))
             return _warn(Choice(cfg, "nearest", expr), f"the nearest tuned shape ({near.describe()})")
