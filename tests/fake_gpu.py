@@ -1,6 +1,7 @@
 """A GPU that is not there, for whole `tune-cli` processes in tests: TRITUNE_FAKE_GPU=fake_gpu (with
 tests/ on PYTHONPATH). The worker takes FAKE_GPU_MS milliseconds per measurement and appends the key
-of each config it measured to the file FAKE_GPU_LOG (if set); the builder compiles nothing."""
+of each config it measured to the file FAKE_GPU_LOG (if set); the builder compiles nothing. The host has FAKE_GPU_DEVICES of them (default 1); FAKE_GPU_LOSE="D:N" makes device D fall
+off the bus after N measurements (its worker dies and cannot start again)."""
 import os
 import time
 
@@ -11,7 +12,27 @@ from tritune.tuner.builder import BuildResult
 INFO = {"gpu": "Fake H100", "capability": "9.0", "sms": 132, "shared_bytes": 232448, "triton": "3.x", "torch": "2.x"}
 
 
+_state = {"device": 0, "measured": 0}
+
+
+def _info(payload: dict) -> dict:
+    device, count = payload.get("device") or 0, int(os.environ.get("FAKE_GPU_DEVICES", "1"))
+    if device >= count or os.path.exists(_lost_mark(device)):
+        raise RuntimeError(f"there is no CUDA device {device}")
+    _state["device"] = device
+    return {**INFO, "device": device, "device_count": count}
+
+
+def _lost_mark(device: int) -> str:
+    return f"{os.environ.get('FAKE_GPU_LOG', '/nonexistent/fake')}.lost{device}"
+
+
 def _measure(payload: dict) -> dict:
+    lose = os.environ.get("FAKE_GPU_LOSE")
+    if lose and int(lose.split(":")[0]) == _state["device"] and _state["measured"] >= int(lose.split(":")[1]):
+        open(_lost_mark(_state["device"]), "w").close()
+        os._exit(1)
+    _state["measured"] += 1
     time.sleep(float(os.environ.get("FAKE_GPU_MS", "20")) / 1000)
     config = payload["config"]
     log = os.environ.get("FAKE_GPU_LOG")
@@ -23,7 +44,7 @@ def _measure(payload: dict) -> dict:
 
 
 def handlers(timing):
-    return {"info": lambda p: INFO, "measure": _measure, "head_to_head": fake_head_to_head}
+    return {"info": _info, "measure": _measure, "head_to_head": fake_head_to_head}
 
 
 def build(expr, config, problem, target, shared_limit):

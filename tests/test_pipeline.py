@@ -110,7 +110,7 @@ def test_a_database_error_in_the_measurer_stops_the_run(tmp_path, monkeypatch):
     original = Database.save
 
     def save(self, *args, **kwargs):
-        if threading.current_thread().name == "tritune-measurer":
+        if threading.current_thread().name.startswith("tritune-measurer"):
             raise DatabaseError("disk full")
         return original(self, *args, **kwargs)
 

@@ -2,6 +2,7 @@
 by SIGKILL, SIGTERM and SIGINT; a full disk and a read-only database; four tuners on one database."""
 import os
 import random
+import re
 import signal
 import sqlite3
 import subprocess
@@ -135,3 +136,43 @@ def _alive(pid: int) -> bool:
         return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_two_devices_share_a_workload_and_a_lost_one_loses_nothing(fake_gpu, monkeypatch):
+    """`--devices all` on a host of two (stand-in) GPUs: both measure the workload's candidates; when
+    device 1 falls off the bus, its candidate in flight goes back to device 0 and nothing is lost
+    or recorded as a crash."""
+    monkeypatch.setenv("FAKE_GPU_DEVICES", "2")
+    args = [sys.executable, "-m", "tritune", *tune(48, "--devices", "all", "--db", str(fake_gpu))]
+    both = subprocess.run(args, env=dict(os.environ), capture_output=True, text=True, timeout=600)
+    assert both.returncode == 0, both.stderr[-2000:]
+    shares = {int(d): int(n) for d, n in re.findall(r"GPU (\d+): (\d+)", both.stderr)}
+    assert set(shares) == {0, 1} and all(shares.values()) and sum(shares.values()) == 48
+    with Database(fake_gpu) as db:
+        stored = db.trials(db.workloads()[0][0])
+    assert {r.message.rsplit(" ", 1)[-1] for r in stored} == {"0", "1"}  # which device measured each
+    monkeypatch.setenv("FAKE_GPU_LOSE", "1:5")
+    lost = subprocess.run([*args[:-2], "--seed", "1", "--db", str(fake_gpu.with_name("lost.db"))],
+                          env=dict(os.environ), capture_output=True, text=True, timeout=600)
+    assert lost.returncode == 0, lost.stderr[-2000:]
+    with Database(fake_gpu.with_name("lost.db")) as db:
+        stored = db.trials(db.workloads()[0][0])
+    assert len(stored) == 48 and [r for r in stored if not r.ok] == []
+    assert sum(r.message.endswith("device 1") for r in stored) == 5
+
+
+def test_devices_that_are_not_there_or_malformed_are_one_line(fake_gpu):
+    for devices, code, words in (("0,3", 3, "there is no CUDA device 3"), ("zero", 2, "bad --devices 'zero'")):
+        proc = subprocess.run([sys.executable, "-m", "tritune", *tune(8, "--devices", devices, "--db", str(fake_gpu))],
+                              env=dict(os.environ), capture_output=True, text=True, timeout=120)
+        assert proc.returncode == code and words in proc.stderr.strip().splitlines()[-1], proc.stderr[-1000:]
+
+
+def test_the_only_device_lost_mid_run_is_one_line_and_keeps_what_was_measured(fake_gpu, monkeypatch):
+    monkeypatch.setenv("FAKE_GPU_LOSE", "0:6")
+    proc = subprocess.run([sys.executable, "-m", "tritune", *tune(48, "--db", str(fake_gpu))],
+                          env=dict(os.environ), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3 and proc.stderr.strip().splitlines()[-1].startswith("tune-cli: no GPU left"), proc.stderr
+    with Database(fake_gpu) as db:
+        stored = db.trials(db.workloads()[0][0])
+    assert len(stored) == 6 and all(r.ok for r in stored)  # nothing blamed on the candidate in flight

@@ -36,11 +36,12 @@ class Stopwatch:
         return dict(self.spent)
 
 
-def summary(wall_s: float, tuner: dict, runner: dict, builder: dict, workers: int) -> dict:
+def summary(wall_s: float, tuner: dict, runner: dict, builder: dict, workers: int, devices: int = 1) -> dict:
     """The run's time by phase (seconds, rounded to 0.1 s), and how busy the GPU and the compile pool were.
 
     The loop's own phases (proposal to "outside the loop") add up to the wall time; the measuring
-    thread's (waiting for compiles to storing results) run alongside them, as does the pool.
+    threads' (waiting for compiles to storing results; device-seconds, summed over `devices`) run
+    alongside them, as does the pool.
     """
     gpu = runner.get("check", 0.0) + runner.get("timing", 0.0)
     loop = sum(tuner.get(k, 0.0) for k in ("propose", "learn", "wait", "store"))
@@ -58,9 +59,9 @@ def summary(wall_s: float, tuner: dict, runner: dict, builder: dict, workers: in
         "worker start and requests": tuner.get("measure", 0.0) - gpu,
         "storing results (database)": tuner.get("save", 0.0),
         "compile (CPU-seconds in the pool)": builder.get("compile", 0.0),
-        "GPU idle": wall_s - gpu,
+        "GPU idle": devices * wall_s - gpu,
     }
     out = {k: round(v, 1) for k, v in out.items()}
-    out["GPU busy fraction"] = round(gpu / wall_s, 3) if wall_s else 0.0
+    out["GPU busy fraction"] = round(gpu / (devices * wall_s), 3) if wall_s else 0.0
     out["compile pool busy fraction"] = round(builder.get("compile", 0.0) / (workers * wall_s), 3) if wall_s else 0.0
     return out

@@ -64,7 +64,7 @@ def tuning(db_path: str | None, options: Any, meanwhile: Any = None) -> Iterator
     """The GPU session and the database to tune into. A bad database file is reported first and a
     missing GPU next (one line each); the database is created only once the GPU worker is up (the
     worker's start is the GPU check). `meanwhile` runs while the worker starts."""
-    from tritune.tuner.runner import WorkerDied
+    from tritune.tuner.runner import DeviceLost, WorkerDied
     from tritune.tuner.session import gpu_session
 
     if Path(db_path or SETTINGS.db_path).exists():
@@ -75,7 +75,11 @@ def tuning(db_path: str | None, options: Any, meanwhile: Any = None) -> Iterator
         except WorkerDied as exc:
             click.echo(f"tune-cli: {exc}", err=True)
             sys.exit(EXIT_NO_GPU)
-        yield gpu, open_db(db_path)
+        try:
+            yield gpu, open_db(db_path)
+        except DeviceLost as exc:  # every device is gone mid-run; what was measured is stored
+            click.echo(f"tune-cli: no GPU left to measure on: {exc}", err=True)
+            sys.exit(EXIT_NO_GPU)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -106,12 +110,13 @@ db_option = click.option("--db", "db_path", default=None, help=f"tuning database
 @click.option("--early-stop", default=None, type=click.IntRange(1), help="stop after this many trials without a new best")
 @click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(1), help="seconds before a candidate counts as hung")
 @click.option("--workers", default=None, type=click.IntRange(1), help="compile processes [default: one per core]")
+@click.option("--devices", default=None, help="GPUs to measure on, e.g. 0,1 or all (one worker each) [default: the first]")
 @click.option("--summary-json", default=None, type=click.Path(dir_okay=False), help="also write the final numbers here")
 @click.option("--verbose", is_flag=True, help="also show where the run's time went (it is in --summary-json too)")
 @click.option("--inject-fault", "faults", multiple=True, type=click.Choice(FAULTS), hidden=True)
 @db_option
 def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, trials, strategy, seed, prior, batch_size,
-        early_stop, timeout, workers, summary_json, verbose, faults, db_path) -> None:
+        early_stop, timeout, workers, devices, summary_json, verbose, faults, db_path) -> None:
     """Tune one workload on this GPU and store every trial."""
     from tritune.tuner.session import TuneOptions, tune
 
@@ -119,7 +124,8 @@ def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, tria
                      dilation=dilation, eps=eps)
     if strategy not in REGISTRY:
         raise UsageError(f"unknown strategy {strategy!r}; known: {', '.join(sorted(REGISTRY))}")
-    options = TuneOptions(trials, strategy, seed, batch_size, early_stop, timeout, workers, tuple(faults), prior, verbose)
+    options = TuneOptions(trials, strategy, seed, batch_size, early_stop, timeout, workers, tuple(faults), prior, verbose,
+                          _devices(devices))
     with tuning(db_path, options) as (gpu, db):
         summary = tune(expr, db, options, gpu)
     if summary_json:
@@ -134,9 +140,10 @@ def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, tria
 @click.option("--strategy", default="sa", show_default=True, help=f"one of {', '.join(sorted(REGISTRY))}")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--summary-json", default=None, type=click.Path(dir_okay=False), help="also write each task's numbers here")
+@click.option("--devices", default=None, help="GPUs to measure on, e.g. 0,1 or all (one worker each) [default: the first]")
 @click.option("--dry-run", is_flag=True, help="only list the workloads and their trials (no GPU needed)")
 @db_option
-def tune_model(model_spec, input_shapes, dtype, trials, strategy, seed, summary_json, dry_run, db_path) -> None:
+def tune_model(model_spec, input_shapes, dtype, trials, strategy, seed, summary_json, devices, dry_run, db_path) -> None:
     """Extract a model's contractions (with their fusable epilogues) and tune each on this GPU."""
     from tritune.tuner import tune_model as tm
     from tritune.tuner.display import out
@@ -147,7 +154,7 @@ def tune_model(model_spec, input_shapes, dtype, trials, strategy, seed, summary_
     if dry_run:
         out.print(tm.plan_table(_planned(tm, model_spec, input_shapes, dtype, trials)))
         return
-    options = TuneOptions(strategy=strategy, seed=seed)
+    options = TuneOptions(strategy=strategy, seed=seed, devices=_devices(devices))
     planned: list = []
     capture = lambda: planned.extend(_planned(tm, model_spec, input_shapes, dtype, trials))  # noqa: E731
     with tuning(db_path, options, capture) as (gpu, db):  # the model is captured while the GPU worker starts
@@ -156,6 +163,16 @@ def tune_model(model_spec, input_shapes, dtype, trials, strategy, seed, summary_
     out.print(tm.result_table(summaries))
     if summary_json:
         Path(summary_json).write_text(json.dumps(summaries, indent=2))
+
+
+def _devices(text: str | None) -> Any:
+    """`--devices` parsed (a bad value is one line, exit code 2)."""
+    from tritune.tuner.session import parse_devices
+
+    try:
+        return parse_devices(text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _planned(tm: Any, model_spec: str, input_shapes: tuple[str, ...], dtype: str, trials: int) -> list:

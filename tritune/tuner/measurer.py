@@ -1,17 +1,20 @@
-"""Measurer: a thread that measures candidates as their compiles finish (in the order they were
-proposed among those built) and stores each at once, so that the GPU works while the tuning loop proposes the next round and the compile
-pool builds it."""
+"""Measurer: a thread per GPU that measures candidates as their compiles finish (in the order they
+were proposed among those built) and stores each at once, so that the GPUs work while the tuning
+loop proposes the next round and the compile pool builds it."""
 from __future__ import annotations
 
 import queue
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import replace
 from typing import Any
 
 from tritune.records.database import Database
 from tritune.records.result import DeviceKey, MeasureResult
 from tritune.schedules.config import Config
 from tritune.tuner.breakdown import Stopwatch
+from tritune.tuner.builder import BuildResult
+from tritune.tuner.runner import DeviceLost
 
 
 class Stopped(Exception):
@@ -21,23 +24,34 @@ class Stopped(Exception):
 class Measurer:
     """Takes (config, build future) pairs; each comes back as a future of its stored MeasureResult.
 
-    The thread owns its own database connection (SQLite connections belong to one thread) and
-    stores every result as soon as it is measured, so a killed run loses only the one in flight.
-    `best_ms` (the best median so far) lets the runner stop timing clear losers early; the
-    thread lowers it itself and the loop may too (results stored by other tuners).
+    One thread per device (`runner.each` of a `Runners`, else the one runner), each with its own
+    database connection (SQLite connections belong to one thread), takes the next candidate whose
+    build is done and stores its result at once, so a killed run loses only the ones in flight. A
+    device whose worker cannot be started again gives its candidate back and its thread ends; the
+    other devices measure it. `best_ms` (the best median so far) lets the runners stop timing clear
+    losers early; the threads lower it themselves and the loop may too (results stored elsewhere).
     """
 
     def __init__(self, expr: Any, device: DeviceKey, builder: Any, runner: Any, db_path: Any,
                  best_ms: float | None = None) -> None:
-        self.expr, self.device, self.builder, self.runner = expr, device, builder, runner
+        self.expr, self.device, self.builder = expr, device, builder
         self.best_ms = best_ms
-        self.watch = Stopwatch()  # compile_wait, measure, save: this thread's own phases
+        self.watch = Stopwatch()  # compile_wait, measure, save: these threads' own phases
+        self.measured: dict[int | None, int] = {}  # results per device index
         self._db_path = db_path
         self._queue: queue.Queue = queue.Queue()
+        self._pending: list = []
+        self._lock = threading.Lock()
+        self._closed = False
         self._stopping = threading.Event()
-        # a daemon: a run interrupted mid-measurement must not wait for the GPU to answer
-        self._thread = threading.Thread(target=self._serve, name="tritune-measurer", daemon=True)
-        self._thread.start()
+        runners = getattr(runner, "each", [runner])
+        self._live = len(runners)
+        self._many = len(runners) > 1
+        # daemons: a run interrupted mid-measurement must not wait for a GPU to answer
+        self._threads = [threading.Thread(target=self._serve, args=(r,), name=f"tritune-measurer-{i}", daemon=True)
+                         for i, r in enumerate(runners)]
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, config: Config, build: Any) -> Future:
         """Queue one candidate; the future resolves to its result once measured and stored."""
@@ -50,64 +64,92 @@ class Measurer:
         self.best_ms = ms if self.best_ms is None else min(self.best_ms, ms)
 
     def close(self) -> None:
-        """Stop after the candidate in flight; nothing measured from now on is stored (the runner
-        is about to be stopped, and a result caused by stopping it is not a real one)."""
+        """Stop after the candidates in flight; nothing measured from now on is stored (the runners
+        are about to be stopped, and a result caused by stopping one is not a real one)."""
         self._stopping.set()
-        self._queue.put(None)
-        self._thread.join(timeout=0.5)  # idle at the end of a run; mid-measurement on an interruption
+        for _ in self._threads:
+            self._queue.put(None)
+        for thread in self._threads:
+            thread.join(timeout=0.5)  # idle at the end of a run; mid-measurement on an interruption
 
-    def _serve(self) -> None:
+    def _serve(self, runner: Any) -> None:
         db = None
-        pending: list = []
-        while (item := self._take(pending)) is not None:
+        while (item := self._take()) is not None:
             config, build, done = item
             try:
                 if self._stopping.is_set():
                     raise Stopped()
                 db = db or Database(self._db_path, checked=True)  # the loop's connection has it open
-                done.set_result(self._one(config, build, db))
+                # a candidate handed back by a lost device comes with its build's result
+                build = build if isinstance(build, BuildResult) else self.builder.result(build, config)
+                done.set_result(self._one(config, build, db, runner))
+            except DeviceLost as lost:
+                self._lose((config, build, done), lost)
+                break
             except BaseException as exc:  # noqa: BLE001 - handed to the loop, which raises it
                 done.set_exception(exc)
-        for _, _, done in pending:
-            done.cancel()
+        with self._lock:
+            for _, _, done in self._pending if self._closed else ():
+                done.cancel()
         if db is not None:
             db.close()
 
-    def _take(self, pending: list) -> tuple | None:
+    def _take(self) -> tuple | None:
         """The next candidate to measure: the first queued whose compile has finished, else the
         first to finish (None once closed)."""
-        while self._drain(pending):
-            ready = next((p for p in pending if _built(p[1])), None)
-            if ready is not None:
-                pending.remove(ready)
-                return ready
-            with self.watch("compile_wait"):  # the GPU waits: nothing queued has compiled yet
-                wait([p[1] for p in pending], timeout=0.05, return_when=FIRST_COMPLETED)
-        return None
-
-    def _drain(self, pending: list) -> bool:
-        """Move everything queued into `pending` (waiting for something when nothing is pending);
-        False once the measurer is closed."""
         while True:
-            try:
-                item = self._queue.get_nowait() if pending else self._queue.get()
-            except queue.Empty:
-                return True
-            if item is None:
-                return False
-            pending.append(item)
+            with self._lock:
+                while not self._closed and not self._queue.empty():
+                    self._accept(self._queue.get_nowait())
+                if self._closed:
+                    return None
+                ready = next((p for p in self._pending if _built(p[1])), None)
+                if ready is not None:
+                    self._pending.remove(ready)
+                    return ready
+                builds = [p[1] for p in self._pending]
+            if builds:
+                with self.watch("compile_wait"):  # the GPU waits: nothing queued has compiled yet
+                    wait(builds, timeout=0.05, return_when=FIRST_COMPLETED)
+            else:
+                item = self._queue.get()  # nothing pending: wait for the loop's next candidate
+                with self._lock:
+                    self._accept(item)
 
-    def _one(self, config: Config, build: Any, db: Database) -> MeasureResult:
-        built = self.builder.result(build, config)
+    def _accept(self, item: tuple | None) -> None:
+        """Take a queued item into the pending list (hold the lock); None closes."""
+        if item is None:
+            self._closed = True
+        else:
+            self._pending.append(item)
+
+    def _lose(self, item: tuple, lost: Exception) -> None:
+        """A device is gone: its candidate goes back to the others, or fails if none is left."""
+        with self._lock:
+            self._live -= 1
+            if self._live:
+                self._pending.insert(0, item)
+                return
+            orphans = [item, *self._pending]
+            self._pending.clear()
+        for _, _, done in orphans:
+            done.set_exception(lost)
+
+    def _one(self, config: Config, built: BuildResult, db: Database, runner: Any) -> MeasureResult:
         if built.status is not None:
             result = MeasureResult(config, built.status, compile_s=built.compile_s, message=built.message)
         else:
             with self.watch("measure"):
-                result = self.runner.measure(self.expr, config, built.compile_s, best_ms=self.best_ms)
+                result = runner.measure(self.expr, config, built.compile_s, best_ms=self.best_ms)
+            if self._many:  # which device measured it (devices of one key are compared, not mixed up)
+                result = replace(result, message=f"{result.message}; device {getattr(runner, 'device', None)}")
         if self._stopping.is_set():
             raise Stopped()
         with self.watch("save"):
-            db.save(self.expr.key, self.device, [result])  # at once: a kill loses only the trial in flight
+            db.save(self.expr.key, self.device, [result])  # at once: a kill loses only the trials in flight
+        index = getattr(runner, "device", None)
+        with self._lock:
+            self.measured[index] = self.measured.get(index, 0) + 1
         if result.ok:
             self.offer_best(result.t_median)
         return result

@@ -29,7 +29,7 @@ def gpu_handlers(timing: Timing) -> dict[str, Callable[[dict], Any]]:
     # the float64 reference must not silently drop to tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     return {
-        "info": lambda p: _device(),
+        "info": lambda p: _device(p.get("device")),
         "measure": lambda p: measure.measure_candidate(p["expr"], p["config"], p["seed"], timing, p.get("best_ms")),
         "torch": lambda p: measure.measure_torch(p["expr"], p["seed"], timing),
         "head_to_head": lambda p: measure.head_to_head(p["expr"], p["config"], p["seed"]),
@@ -40,15 +40,21 @@ NO_GPU = ("no CUDA GPU found (torch.cuda.is_available() is False); tuning measur
           "`tune-cli best`, `export` and `import` work, and the tests run kernels under TRITON_INTERPRET=1.")
 
 
-def _device() -> dict:
-    """The worker's device facts; the worker's start is where a missing GPU is found."""
+def _device(index: int | None) -> dict:
+    """The worker's device facts, after making `index` its device (the worker's start is where a
+    missing GPU, or a device that is not there, is found)."""
     import torch
 
     from tritune.kernels.device import device_info
 
     if not torch.cuda.is_available():
         raise RuntimeError(NO_GPU)
-    return device_info()
+    count = torch.cuda.device_count()
+    index = index or 0
+    if index >= count:
+        raise RuntimeError(f"there is no CUDA device {index}: this host has {count} (0 to {count - 1})")
+    torch.cuda.set_device(index)  # every tensor, stream and kernel of this worker lives there
+    return {**device_info(index), "device": index, "device_count": count}
 
 
 def _serve(conn: Any, make_handlers: Callable[[Timing], dict], timing: Timing, parent: int) -> None:
@@ -79,12 +85,17 @@ class WorkerDied(RuntimeError):
         self.status = status
 
 
+class DeviceLost(WorkerDied):
+    """A worker could not be (re)started: its device is gone, not just one candidate's run."""
+
+
 class Runner:
     """Measures candidates on the GPU through a restartable worker process."""
 
     def __init__(self, timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
-                 handlers: Callable[[Timing], dict] = gpu_handlers) -> None:
-        self.timing, self.timeout_s, self.seed = timing, timeout_s, seed
+                 handlers: Callable[[Timing], dict] = gpu_handlers, device: int | None = None,
+                 watch: Stopwatch | None = None) -> None:
+        self.timing, self.timeout_s, self.seed, self.device = timing, timeout_s, seed, device
         self._handlers = handlers  # replaceable so isolation is testable without a GPU
         self._ctx = mp.get_context("spawn")  # never fork a process that may hold a CUDA context
         self._proc: Any = None
@@ -92,7 +103,8 @@ class Runner:
         self._info: dict = {}
         self._starts = 0
         self._awaiting = False  # the handshake was sent and not yet answered
-        self.watch = Stopwatch()  # the worker's check and timing seconds, and worker starts
+        # the worker's check and timing seconds, and worker starts (shared by a group's runners)
+        self.watch = watch or Stopwatch()
 
     @property
     def restarts(self) -> int:
@@ -114,15 +126,18 @@ class Runner:
         child.close()
         self._conn = parent
         # handshake, so that start-up (torch import, CUDA init) never counts against a candidate
-        parent.send(("info", {}))
+        parent.send(("info", {"device": self.device}))
         self._awaiting = True
 
     def _handshake(self) -> None:
         self._awaiting = False
-        status, self._info = self._answer(STARTUP_TIMEOUT_S, f"GPU worker did not start within {STARTUP_TIMEOUT_S:.0f} s")
+        try:
+            status, self._info = self._answer(STARTUP_TIMEOUT_S, f"did not start within {STARTUP_TIMEOUT_S:.0f} s")
+        except WorkerDied as died:
+            raise DeviceLost(died.status, f"GPU worker failed to start: {died}") from None
         if status != "ok":
             self._kill()
-            raise WorkerDied(Status.CRASH, f"GPU worker failed to start: {self._info['message']}")
+            raise DeviceLost(Status.CRASH, f"GPU worker failed to start: {self._info['message']}")
 
     def _ensure(self) -> None:
         """A live worker that has answered its handshake, started (again) if there is none."""
@@ -174,6 +189,9 @@ class Runner:
             status, data = self.request("measure", {"expr": expr, "config": config, "seed": self.seed,
                                                     "best_ms": best_ms})
         except WorkerDied as died:
+            # a worker that cannot come back means the device is gone, not that the candidate broke
+            # it: DeviceLost, and the candidate goes back to the queue (another device measures it)
+            self._ensure()
             return MeasureResult(config, died.status, compile_s=compile_s, message=str(died))
         for phase, seconds in (data.get("spent") or {}).items():
             self.watch.add(phase, seconds)
@@ -212,3 +230,28 @@ class Runner:
 
     def __exit__(self, kind: Any, *exc: Any) -> None:
         self.close(now=kind is not None)
+
+
+class Runners:
+    """One runner per device, as one: the measurer measures on all of them at once; everything else
+    (device facts, the head-to-head) asks the first. Their check and timing seconds add up in one
+    stopwatch (device-seconds)."""
+
+    def __init__(self, runners: list[Runner]) -> None:
+        self.each = runners
+        self.watch = runners[0].watch
+
+    @property
+    def restarts(self) -> int:
+        """Worker replacements on every device."""
+        return sum(r.restarts for r in self.each)
+
+    def device_info(self) -> dict:
+        return self.each[0].device_info()
+
+    def head_to_head(self, expr: Any, config: Config) -> dict:
+        return self.each[0].head_to_head(expr, config)
+
+    def close(self, now: bool = False) -> None:
+        for runner in self.each:
+            runner.close(now)

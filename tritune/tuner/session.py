@@ -6,6 +6,7 @@ import importlib
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Callable, Iterator, Sequence
 
 from tritune.kernels.family import device_key
@@ -17,7 +18,8 @@ from tritune.tuner import breakdown, display
 from tritune.tuner.builder import Builder
 from tritune.tuner.measure import Timing
 from tritune.tuner.prior import preload, prior_for
-from tritune.tuner.runner import Runner
+from tritune.records.result import Status
+from tritune.tuner.runner import Runner, Runners, WorkerDied
 from tritune.tuner.tuner import Task, Tuner, best_of
 
 
@@ -35,6 +37,7 @@ class TuneOptions:
     faults: tuple[str, ...] = ()
     prior: str = "all"  # what warm-starts the cost model: "all" (database + shipped), "db", "none"
     verbose: bool = False  # also print where the run's time went
+    devices: tuple[int, ...] | str | None = None  # GPUs to measure on: indices, "all", or None (the first)
 
 
 def device_limits(info: dict) -> Limits:
@@ -57,24 +60,44 @@ def device_task(expr: Any, info: dict) -> Task:
     return Task(expr, device_key(info, expr.op), device_limits(info))
 
 
+def parse_devices(text: str | None) -> tuple[int, ...] | str | None:
+    """`--devices`: "0,1" (indices), "all", or None (the first GPU); ValueError names a bad one."""
+    if text is None or text.strip() == "all":
+        return None if text is None else "all"
+    try:
+        indices = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"bad --devices {text!r}: GPU indices such as 0,1, or all") from None
+    if not indices or min(indices) < 0 or len(set(indices)) != len(indices):
+        raise ValueError(f"bad --devices {text!r}: distinct GPU indices such as 0,1, or all")
+    return indices
+
+
 def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0, workers: int | None = None,
-              meanwhile: Callable[[], None] | None = None) -> tuple[Runner, Builder]:
-    """Start the GPU worker and the compile pool together; while the worker comes up (seconds of
-    imports and CUDA start), load what the run will need and run `meanwhile` (e.g. capturing a
-    model); then give the pool the device's target."""
+              meanwhile: Callable[[], None] | None = None,
+              devices: tuple[int, ...] | str | None = None) -> tuple[Runner | Runners, Builder]:
+    """Start the GPU workers (one per device of `devices`, see `parse_devices`) and the compile pool
+    together; while the first worker comes up (seconds of imports and CUDA start), load what the
+    run will need and run `meanwhile` (e.g. capturing a model); then give the pool the device's
+    target. The pool is one per host, shared by every device."""
     fake = importlib.import_module(SETTINGS.fake_gpu) if SETTINGS.fake_gpu else None
-    runner = Runner(timing, timeout_s=timeout_s, seed=seed, **({"handlers": fake.handlers} if fake else {}))
+    make = partial(Runner, timing, timeout_s=timeout_s, seed=seed, **({"handlers": fake.handlers} if fake else {}))
+    runner = first = make(device=0 if devices == "all" else devices[0] if devices else None)
     builder = None
     try:
-        runner.start()
+        first.start()
         builder = Builder(workers=workers)
         if fake:
             builder.build = fake.build
         preload()
         if meanwhile is not None:
             meanwhile()
-        info = runner.device_info()
+        info = first.device_info()
         builder.start(device_target(info), device_limits(info).shared_bytes)
+        indices = range(info.get("device_count", 1)) if devices == "all" else devices or ()
+        if len(indices) > 1:
+            runner = Runners([first] + [make(device=i, watch=first.watch) for i in indices[1:]])
+            _same_gpus(runner)
     except BaseException:
         if builder is not None:
             builder.close(now=True)
@@ -83,12 +106,23 @@ def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
     return runner, builder
 
 
+def _same_gpus(runners: Runners) -> None:
+    """Start every device's worker; timings are compared across devices, so they must be one GPU model."""
+    for r in runners.each:
+        r.start()
+    infos = [r.device_info() for r in runners.each]
+    keys = {(i["gpu"], i["capability"]) for i in infos}
+    if len(keys) > 1:
+        listed = ", ".join(f"{i.get('device')}: {i['gpu']}" for i in infos)
+        raise WorkerDied(Status.CRASH, f"the devices are different GPUs ({listed}); tune each kind in a run of its own")
+
+
 @contextmanager
 def gpu_session(options: TuneOptions, meanwhile: Callable[[], None] | None = None) -> Iterator[tuple[Runner, Builder]]:
     """One GPU worker and compile pool, for tuning one workload or several in turn (`meanwhile`
     runs while they start); both are stopped at the end, at once if the run was interrupted or failed."""
     runner, builder = start_gpu(timeout_s=options.timeout_s, seed=options.seed, workers=options.workers,
-                                meanwhile=meanwhile)
+                                meanwhile=meanwhile, devices=options.devices)
     interrupted = True
     try:
         yield runner, builder
@@ -170,7 +204,8 @@ def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Build
     best, h2h = _judge(db, task, history, best, h2h)
     display.out.print(display.summary_table(expr, best, h2h, task.device.gpu))
     spent = [w.since(b) for w, b in zip(_watches(runner, builder), before)]
-    times = breakdown.summary(time.time() - start, loop, *spent, getattr(builder, "workers", 1))
+    times = breakdown.summary(time.time() - start, loop, *spent, getattr(builder, "workers", 1),
+                              len(getattr(runner, "each", [runner])))
     if options.verbose:
         display.out.print(display.time_table(times))
     return {**_summary(expr, task, history, best, h2h, times["wall"]), "time": times}
@@ -218,6 +253,9 @@ def _tune_loop(task: Task, strategy, builder, runner, db, options: TuneOptions) 
         tuner = Tuner(task, strategy, builder, runner, db, options.batch_size, options.early_stop,
                       options.faults, on_result)
         history = tuner.run(options.trials)
+        if len(tuner.per_device) > 1:  # each device's share of the measurements
+            bar.console.print("measured per device: " + ", ".join(
+                f"GPU {d}: {n}" for d, n in sorted(tuner.per_device.items(), key=lambda kv: str(kv[0]))))
         if tuner.stored:
             bar.console.print(f"resumed: {len(tuner.stored)} trials were already stored")
             bar.update(job, completed=len(history))

@@ -81,6 +81,7 @@ class Tuner:
         self.faults = list(faults)  # test hook: the first candidates are built broken
         self.on_result = on_result or (lambda r: None)
         self.stored: list[MeasureResult] = []
+        self.per_device: dict[int | None, int] = {}  # candidates measured on each device (index)
         self.owner = owner_id()
         self.watch = Stopwatch()  # where the loop's time goes
 
@@ -107,6 +108,7 @@ class Tuner:
                 history.append(result)
         finally:
             measurer.close()
+            self.per_device = dict(measurer.measured)
             self._release()
             for phase, seconds in measurer.watch.spent.items():
                 self.watch.add(phase, seconds)

@@ -9,6 +9,7 @@ logged once per workload.
 """
 from __future__ import annotations
 
+import importlib
 import logging
 from collections import Counter
 from pathlib import Path
@@ -192,7 +193,7 @@ def _keep_input_facts(traced: fx.GraphModule, aten: fx.GraphModule) -> None:
 def _unsupported(example_inputs: Sequence[Any]) -> str:
     """Why a graph cannot be rewritten ('' when it can)."""
     try:
-        from tritune.kernels.frontend import tuned_op  # noqa: F401 - needs torch.library.triton_op (torch >= 2.6)
+        importlib.import_module("tritune.kernels.frontend.tuned_op")  # needs torch.library.triton_op (torch >= 2.6)
     except ImportError as exc:
         return f"this torch cannot define the replay op ({first_line(exc)})"
     if any(isinstance(x, torch.SymInt) for x in example_inputs):
