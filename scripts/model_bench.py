@@ -4,7 +4,7 @@ max-autotune and reduce-overhead against tritune's backend, alone and over CUDA 
 
     python3 scripts/model_bench.py --out DIR [--models llama,gpt2,bert] [--shapes prefill,decode]
             [--phases tune,compile,latency,overhead] [--db PATH] [--dtype fp16] [--rounds 5]
-            [--variants LIST] [--device cuda] [--hidden N] [--child-timeout 300]
+            [--variants LIST] [--device cuda] [--hidden N] [--child-timeout 300] [--pack FILE.tar.gz]
 
 Variants: default, max-autotune, reduce-overhead (torch.compile's modes), tritune
 (backend=tritune.compiler(db)) and tritune-ro (tritune.compiler(db, mode="reduce-overhead")).
@@ -67,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda")
     p.add_argument("--hidden", type=int, default=None, help="hidden size [default: the factory's]")
     p.add_argument("--child-timeout", type=float, default=300.0, help="seconds per subprocess")
+    p.add_argument("--pack", default=None, help="after every phase, the whole --out directory (database included) "
+                                                 "as this one .tar.gz (a device call returns at most 8 files)")
     p.add_argument("--child", default=None, choices=("compile", "latency", "overhead"), help=argparse.SUPPRESS)
     p.add_argument("--child-json", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -298,7 +300,20 @@ def main() -> None:
     for phase in args.phases or ():
         {"tune": phase_tune, "compile": phase_compile, "latency": phase_latency, "overhead": phase_overhead}[phase](
             args, out, results)
+        if args.pack:
+            pack(out, Path(args.pack))
     print(report(results))
+
+
+def pack(out: Path, dest: Path) -> None:
+    """The --out directory as one .tar.gz (written aside, then renamed: a call cut short keeps the last
+    whole one); between phases no child writes the database, so its files are consistent."""
+    import tarfile
+
+    tmp = dest.with_name(dest.name + ".tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        tar.add(out, arcname=out.name)
+    tmp.replace(dest)
 
 
 if __name__ == "__main__":
