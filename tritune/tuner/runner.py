@@ -103,6 +103,7 @@ class Runner:
         self._info: dict = {}
         self._starts = 0
         self._awaiting = False  # the handshake was sent and not yet answered
+        self._closed = False  # stopped for good: a measurement cut short by that starts no new worker
         # the worker's check and timing seconds, and worker starts (shared by a group's runners)
         self.watch = watch or Stopwatch()
 
@@ -191,7 +192,8 @@ class Runner:
         except WorkerDied as died:
             # a worker that cannot come back means the device is gone, not that the candidate broke
             # it: DeviceLost, and the candidate goes back to the queue (another device measures it)
-            self._ensure()
+            if not self._closed:
+                self._ensure()
             return MeasureResult(config, died.status, compile_s=compile_s, message=str(died))
         for phase, seconds in (data.get("spent") or {}).items():
             self.watch.add(phase, seconds)
@@ -217,6 +219,7 @@ class Runner:
 
     def close(self, now: bool = False) -> None:
         """Stop the worker: let it finish its request, or (`now`: the run was interrupted) kill it."""
+        self._closed = True
         if not now and self._proc is not None and self._proc.is_alive():
             try:
                 self._conn.send(("stop", {}))
