@@ -3,7 +3,12 @@
 
 - compile: one variant from empty caches: seconds from torch.compile to the end of the first call;
 - latency: every variant, timed in turns with eager, --rounds rounds;
-- overhead: host µs per call of a 64x64x64 matmul, replayed by tritune and as Inductor's Triton template.
+- overhead: host µs per call of a 64x64x64 matmul, replayed by tritune and as Inductor's Triton template;
+- profile: every variant under torch's profiler: kernels and GPU µs per call, the costliest kernels.
+
+Besides torch.compile's modes and tritune's backend, the variants "route" and "route-ro" are
+diagnostics: tritune's path into Inductor (the graph retraced to ATen, Dynamo's input facts kept)
+with nothing replaced, i.e. what the route itself costs.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SHAPES = {"prefill": (1, 2048), "decode": (16, 1)}  # (batch, tokens)
-CUDA_GRAPHS = ("reduce-overhead", "tritune-ro")
+CUDA_GRAPHS = ("reduce-overhead", "tritune-ro", "route-ro")
 
 
 def zoo_factory(model: str):
@@ -51,12 +56,30 @@ def compile_variant(model, variant: str, db: str) -> tuple:
     """The compiled model, and the tritune backend (whose `sites` the first call fills) or None."""
     import torch
 
+    if variant.startswith("route"):
+        return torch.compile(model, backend=route_only("reduce-overhead" if variant == "route-ro" else None),
+                             fullgraph=True), None
     if not variant.startswith("tritune"):
         return torch.compile(model, mode=None if variant == "default" else variant, fullgraph=True), None
     import tritune
 
     backend = tritune.compiler(db, mode="reduce-overhead") if variant == "tritune-ro" else tritune.compiler(db)
     return torch.compile(model, backend=backend, fullgraph=True), backend
+
+
+def route_only(mode):
+    """A backend taking tritune's route into Inductor and replacing nothing."""
+    from torch._guards import detect_fake_mode
+
+    from tritune.kernels.frontend import compiler, graph
+
+    inner = compiler.inductor(mode)
+
+    def backend(gm, example_inputs):
+        aten = graph.aten_graph(gm, example_inputs, detect_fake_mode(example_inputs))
+        compiler._keep_input_facts(gm, aten)
+        return inner(aten, example_inputs)
+    return backend
 
 
 def caller(compiled, x, variant: str):
@@ -226,10 +249,41 @@ def per_call_us(fns: dict, inputs: tuple, device: str, calls: int = 2000, repeat
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def child_profile(args: argparse.Namespace, calls: int = 20, top: int = 8) -> dict:
+    """Each variant after warm-up, `calls` calls under torch's profiler: GPU kernels and µs per call,
+    and its `top` costliest kernels (name, µs per call, launches per call)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    model, x = build(args)
+    result: dict = {}
+    for variant in args.variants:
+        try:
+            compiled, _ = compile_variant(model, variant, args.db)
+            fn = caller(compiled, x, variant)
+            for _ in range(5):
+                fn()
+            sync(args.device)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(calls):
+                    fn()
+                sync(args.device)
+        except Exception as exc:  # one variant that fails must not cost the others
+            result[variant] = {"error": first_line(exc)}
+            continue
+        kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+        kernels.sort(key=lambda e: -e.device_time_total)
+        result[variant] = {"gpu_us": sum(e.device_time_total for e in kernels) / calls,
+                           "launches": sum(e.count for e in kernels) / calls,
+                           "top": [(e.key[:90], e.device_time_total / calls, e.count / calls) for e in kernels[:top]]}
+    return result
+
+
 def run(args: argparse.Namespace) -> None:
     """model_bench.py's --child mode: one job under no_grad, its JSON written."""
     import torch
 
     with torch.no_grad():
-        result = {"compile": child_compile, "latency": child_latency, "overhead": child_overhead}[args.child](args)
+        result = {"compile": child_compile, "latency": child_latency, "overhead": child_overhead,
+                  "profile": child_profile}[args.child](args)
     Path(args.child_json).write_text(json.dumps(result, indent=2))

@@ -7,7 +7,8 @@ max-autotune and reduce-overhead against tritune's backend, alone and over CUDA 
             [--variants LIST] [--device cuda] [--hidden N] [--child-timeout 300] [--pack FILE.tar.gz]
 
 Variants: default, max-autotune, reduce-overhead (torch.compile's modes), tritune
-(backend=tritune.compiler(db)) and tritune-ro (tritune.compiler(db, mode="reduce-overhead")).
+(backend=tritune.compiler(db)) and tritune-ro (tritune.compiler(db, mode="reduce-overhead")); route
+and route-ro (only with --variants) take tritune's path into Inductor and replace nothing.
 Each phase runs on its own and merges its results into DIR/model_bench.json:
 
 - tune: `python -m tritune tune-model` per model and shape into --db [DIR/tuning.db] (a rerun
@@ -19,7 +20,9 @@ Each phase runs on its own and merges its results into DIR/model_bench.json:
   max-autotune] and times them and eager in turns, --rounds rounds of do_bench medians; it
   replaces that model and shape's earlier entry (its ratios hold within one process);
 - overhead: host µs per call of a 64x64x64 matmul replayed by tritune and as Inductor's own
-  Triton template (2000 calls back to back, 15 alternating repeats, medians).
+  Triton template (2000 calls back to back, 15 alternating repeats, medians);
+- profile: a subprocess per model and shape runs each variant 20 times under torch's profiler:
+  GPU µs and kernels per call, and the costliest kernels.
 
 The final table comes last. Without a GPU (and --device cuda): one line on stderr, exit code 3.
 What the subprocesses run is in scripts/bench_children.py.
@@ -44,10 +47,10 @@ from bench_children import SHAPES, hidden_of
 
 HERE = Path(__file__).resolve().parent
 MODELS = ("llama", "gpt2", "bert")
-VARIANTS = ("default", "max-autotune", "reduce-overhead", "tritune", "tritune-ro")
-LATENCY_VARIANTS = {"prefill": VARIANTS, "decode": ("default", "reduce-overhead", "tritune", "tritune-ro")}
+VARIANTS = ("default", "max-autotune", "reduce-overhead", "tritune", "tritune-ro", "route", "route-ro")
+LATENCY_VARIANTS = {"prefill": VARIANTS[:5], "decode": ("default", "reduce-overhead", "tritune", "tritune-ro")}
 COMPILE_VARIANTS = {"prefill": ("default", "max-autotune", "tritune"), "decode": ("default", "reduce-overhead", "tritune-ro")}
-PHASES = ("tune", "compile", "latency", "overhead")
+PHASES = ("tune", "compile", "latency", "overhead", "profile")
 FORMAT = "model_bench/2"  # of DIR/model_bench.json
 # (ours, theirs, what, target): never slower than torch.compile, and a cheaper compile than max-autotune's
 TARGETS = (("tritune", "default", "latency", 1.0), ("tritune-ro", "reduce-overhead", "latency", 1.0),
@@ -69,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--child-timeout", type=float, default=300.0, help="seconds per subprocess")
     p.add_argument("--pack", default=None, help="after every phase, the whole --out directory (database included) "
                                                  "as this one .tar.gz (a device call returns at most 8 files)")
-    p.add_argument("--child", default=None, choices=("compile", "latency", "overhead"), help=argparse.SUPPRESS)
+    p.add_argument("--child", default=None, choices=("compile", "latency", "overhead", "profile"), help=argparse.SUPPRESS)
     p.add_argument("--child-json", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     for name, known in (("models", MODELS), ("shapes", SHAPES), ("phases", PHASES), ("variants", VARIANTS)):
@@ -193,6 +196,20 @@ def phase_latency(args: argparse.Namespace, out: Path, results: dict) -> None:
         save(out, results)
 
 
+def phase_profile(args: argparse.Namespace, out: Path, results: dict) -> None:
+    for model, shape in itertools.product(args.models, args.shapes):
+        r = run_child(args, "profile", model, shape, list(args.variants or LATENCY_VARIANTS[shape]),
+                      out / f"profile_{model}_{shape}.log")
+        results.setdefault("profile", {})[f"{model}/{shape}"] = r
+        print(f"profile {model}/{shape}:" + (f" {r['error']}" if "error" in r else ""), flush=True)
+        for variant, v in r.items():
+            if isinstance(v, dict):
+                print(f"  {variant}: " + (v["error"] if "error" in v else f"{v['gpu_us']:.1f} GPU us, "
+                      f"{v['launches']:.0f} kernels per call; " + "; ".join(f"{n} {us:.1f}us x{c:g}" for n, us, c in v["top"])),
+                      flush=True)
+        save(out, results)
+
+
 def phase_overhead(args: argparse.Namespace, out: Path, results: dict) -> None:
     results["overhead"] = run_child(args, "overhead", MODELS[0], "decode", ["tritune"], out / "overhead.log")
     print(f"overhead: {overhead_line(results['overhead'])}", flush=True)
@@ -298,7 +315,8 @@ def main() -> None:
     results["env"] = {"torch": torch.__version__, "python": sys.version.split()[0], "device": args.device,
                       "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None}
     for phase in args.phases or ():
-        {"tune": phase_tune, "compile": phase_compile, "latency": phase_latency, "overhead": phase_overhead}[phase](
+        {"tune": phase_tune, "compile": phase_compile, "latency": phase_latency, "overhead": phase_overhead,
+         "profile": phase_profile}[phase](
             args, out, results)
         if args.pack:
             pack(out, Path(args.pack))

@@ -1,5 +1,4 @@
 """Cost model: features, labels, and an XGBoost ranker that learns a known ordering quickly."""
-import time
 
 import numpy as np
 import pytest
@@ -59,14 +58,6 @@ def test_a_model_that_learned_nothing_would_fail_the_check():
     X, y = synthetic(600)
     shuffled = XGBCostModel().fit(X[:200], np.random.default_rng(0).permutation(y[:200]))
     assert spearmanr(shuffled.predict(X[200:]), y[200:])[0] < 0.5
-
-
-def test_refit_at_1000_records_is_under_a_second():
-    X, y = synthetic(1000)
-    XGBCostModel().fit(X[:50], y[:50])  # import and thread start-up are not part of a refit
-    start = time.perf_counter()
-    XGBCostModel().fit(X, y)
-    assert time.perf_counter() - start < 1.0
 
 
 def test_groups_keep_workloads_apart_and_bad_objective_is_refused():
