@@ -59,6 +59,13 @@ CREATE TABLE IF NOT EXISTS verdicts (
     workload TEXT NOT NULL, device TEXT NOT NULL, winner TEXT NOT NULL, detail TEXT NOT NULL,
     timestamp REAL NOT NULL, PRIMARY KEY (workload, device))
 """
+# Whether a whole compiled graph ran faster with its tuned kernels than Inductor without them, in one
+# torch.compile mode (measured by tune-model on the model; `graph` is the backend's signature).
+_GRAPH_VERDICTS = """
+CREATE TABLE IF NOT EXISTS graph_verdicts (
+    graph TEXT NOT NULL, device TEXT NOT NULL, mode TEXT NOT NULL, winner TEXT NOT NULL, detail TEXT NOT NULL,
+    timestamp REAL NOT NULL, PRIMARY KEY (graph, device, mode))
+"""
 # How the best trial is chosen: the verdict's winner where there is one, else the lowest median.
 _ORDER = "t_median, t.id"
 _ORDER_WITH_VERDICTS = ("COALESCE(t.config_key = (SELECT winner FROM verdicts v WHERE v.workload = t.workload "
@@ -285,6 +292,21 @@ class Database:
             self._db.conn.execute(_VERDICTS)
             self._db.execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?, ?, ?)",
                              [workload_key, device.key, winner.key, json.dumps(detail, sort_keys=True), time.time()])
+
+    def save_graph_verdict(self, graph: str, device: DeviceKey, mode: str, winner: str, detail: dict) -> None:
+        """Store whether a compiled graph ran faster with its tuned kernels ('tritune') or without ('inductor')."""
+        with self._write():
+            self._db.conn.execute(_GRAPH_VERDICTS)
+            self._db.execute("INSERT OR REPLACE INTO graph_verdicts VALUES (?, ?, ?, ?, ?, ?)",
+                             [graph, device.key, mode, winner, json.dumps(detail, sort_keys=True), time.time()])
+
+    def graph_verdict(self, graph: str, device: DeviceKey, mode: str) -> str | None:
+        """The stored winner of a graph in a mode on a device ('tritune' or 'inductor'), or None."""
+        if "graph_verdicts" not in self._db.table_names():
+            return None
+        row = self._db.execute("SELECT winner FROM graph_verdicts WHERE graph = ? AND device = ? AND mode = ?",
+                               [graph, device.key, mode]).fetchone()
+        return row[0] if row else None
 
     def _order(self) -> str:
         return _ORDER_WITH_VERDICTS if "verdicts" in self._db.table_names() else _ORDER

@@ -29,6 +29,7 @@ class HistoryBest:
         self.db = db if isinstance(db, Database) else Database.open_existing(db)
         self._best: dict[tuple[str, str], Config | None] = {}
         self._tuned: dict[tuple[str, str, str], list[tuple[dict, Config]]] = {}
+        self._graphs: dict[tuple[str, str, str], str | None] = {}
 
     def best(self, workload_key: str, device: DeviceKey) -> Config | None:
         """The fastest stored config of exactly this workload on this device, or None."""
@@ -37,6 +38,14 @@ class HistoryBest:
             result = self.db.best(workload_key, device)
             self._best[key] = None if result is None else result.config
         return self._best[key]
+
+    def graph_verdict(self, graph: str, device: DeviceKey, mode: str) -> str | None:
+        """Whether a compiled graph measured faster with its tuned kernels ('tritune') or without
+        them ('inductor') in a torch.compile mode, or None if it was not measured."""
+        key = (graph, device.key, mode)
+        if key not in self._graphs:
+            self._graphs[key] = self.db.graph_verdict(graph, device, mode)
+        return self._graphs[key]
 
     def tuned(self, op: str, dtype: str, device: DeviceKey) -> list[tuple[dict, Config]]:
         """(workload spec, best config) of every tuned workload of an op and dtype on this device."""
