@@ -142,8 +142,12 @@ def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, tria
 @click.option("--summary-json", default=None, type=click.Path(dir_okay=False), help="also write each task's numbers here")
 @click.option("--devices", default=None, help="GPUs to measure on, e.g. 0,1 or all (one worker each) [default: the first]")
 @click.option("--dry-run", is_flag=True, help="only list the workloads and their trials (no GPU needed)")
+@click.option("--check/--no-check", default=True, show_default=True,
+              help="then time the whole compiled model with and without the tuned kernels (default mode and CUDA "
+                   "graphs); a graph that is not faster with them is left to Inductor whole")
 @db_option
-def tune_model(model_spec, input_shapes, dtype, trials, strategy, seed, summary_json, devices, dry_run, db_path) -> None:
+def tune_model(model_spec, input_shapes, dtype, trials, strategy, seed, summary_json, devices, dry_run, check,
+               db_path) -> None:
     """Extract a model's contractions (with their fusable epilogues) and tune each on this GPU."""
     from tritune.tuner import tune_model as tm
     from tritune.tuner.display import out
@@ -160,9 +164,11 @@ def tune_model(model_spec, input_shapes, dtype, trials, strategy, seed, summary_
     with tuning(db_path, options, capture) as (gpu, db):  # the model is captured while the GPU worker starts
         out.print(tm.plan_table(planned))
         summaries = tm.tune_all(planned, db, options, gpu)
+        path = db.path
     out.print(tm.result_table(summaries))
+    checks = tm.check(model_spec, input_shapes, dtype, path) if check else []
     if summary_json:
-        Path(summary_json).write_text(json.dumps(summaries, indent=2))
+        Path(summary_json).write_text(json.dumps({"tasks": summaries, "model_check": checks}, indent=2))
 
 
 def _devices(text: str | None) -> Any:
