@@ -164,8 +164,9 @@ def child_latency(args: argparse.Namespace) -> dict:
 
 
 def child_overhead(args: argparse.Namespace) -> dict:
-    """µs per call of a @ w (64x64 fp16): tritune replaying a tuned record, and Inductor launching
-    its own Triton mm template (max-autotune with Triton the only GEMM backend)."""
+    """µs per call of a @ w (64x64 fp16): tritune replaying a tuned record, Inductor launching its
+    own Triton mm template (max-autotune with Triton the only GEMM backend), and Inductor's default
+    (an extern cuBLAS call); the generated code of each."""
     import torch
     from torch._inductor import list_mode_options
 
@@ -180,13 +181,17 @@ def child_overhead(args: argparse.Namespace) -> dict:
     def theirs(a, w):
         return a @ w
 
+    def library(a, w):  # Inductor's default: an extern cuBLAS call, what a decode model's sites run
+        return a @ w
+
     # torch.compile takes a mode or options, not both: the mode's options, and Triton the only GEMM backend
     options = {**list_mode_options("max-autotune-no-cudagraphs"), "max_autotune_gemm_backends": "TRITON"}
     result: dict = {"inductor_options": options}
     # each side's code must show its kernel: ours (traced into Inductor's code, or our op where it
     # stays opaque), Inductor's template (triton_tem_*, not an ATen extern mm)
     sides = {"tritune": (ours, {"backend": backend}, ("tritune_matmul", "torch.ops.tritune")),
-             "inductor": (theirs, {"options": options}, ("triton_tem_",))}
+             "inductor": (theirs, {"options": options}, ("triton_tem_",)),
+             "extern": (library, {}, ("extern_kernels.mm",))}
     fns = {}
     for name, (fn, how, markers) in sides.items():
         try:
@@ -196,10 +201,11 @@ def child_overhead(args: argparse.Namespace) -> dict:
             result[f"{name}_error"] = first_line(exc)
             fns.pop(name, None)
             continue
-        result.update({f"{name}_rel_err": rel_err(y, a @ w), f"{name}_as_intended": any(m in c for m in markers for c in code)})
+        result.update({f"{name}_rel_err": rel_err(y, a @ w), f"{name}_as_intended": any(m in c for m in markers for c in code),
+                       f"{name}_code": code[-1][-4000:] if code else ""})
     result["sites"] = backend.sites
     result.update({f"{name}_us": t for name, t in per_call_us(fns, (a, w), args.device).items()})
-    if len(fns) == 2:
+    if {"tritune", "inductor"} <= fns.keys():
         result["overhead_us"] = result["tritune_us"] - result["inductor_us"]
     return result
 

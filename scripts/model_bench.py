@@ -146,10 +146,11 @@ def phase_tune(args: argparse.Namespace, out: Path, results: dict) -> None:
         cmd = [sys.executable, "-m", "tritune", "tune-model", "--model", factory_spec(args, out, model),
                "--input-shape", ",".join(map(str, (*SHAPES[shape], hidden_of(args, model)))),
                "--dtype", args.dtype, "--db", args.db, "--summary-json", str(summary)]
-        rc, wall = spawn(cmd, log, args.child_timeout)
-        tasks = json.loads(summary.read_text()) if summary.exists() else None
-        results.setdefault("tune", {})[f"{model}/{shape}"] = {"exit": rc, "wall_s": wall, "summary": tasks, "log": str(log)}
-        print(f"tune {model}/{shape}: exit {rc}, {wall:.0f} s, {len(tasks or [])} tasks (log {log})"
+        rc, wall = spawn(cmd, log, 2 * args.child_timeout)  # tuning, then the whole-model check
+        data = json.loads(summary.read_text()) if summary.exists() else {}
+        results.setdefault("tune", {})[f"{model}/{shape}"] = {
+            "exit": rc, "wall_s": wall, "summary": data.get("tasks"), "model_check": data.get("model_check"), "log": str(log)}
+        print(f"tune {model}/{shape}: exit {rc}, {wall:.0f} s, {len(data.get('tasks') or [])} tasks (log {log})"
               + (f": {tail(log, 2)}" if rc != 0 else ""), flush=True)
         save(out, results)
 
@@ -261,9 +262,12 @@ def tune_line(key: str, t: dict) -> str:
     tasks = [s for s in t.get("summary") or [] if s.get("final_ours_ms")]
     ours, alt = (sum(s["count"] * s[k] for s in tasks) for k in ("final_ours_ms", "best_alternative_ms"))
     library = sum(s["count"] for s in tasks if "library" in (s.get("best_config") or {}))
+    checks = "; ".join(f"{c['mode']}: " + (c["error"][:100] if "error" in c else f"{c['winner']} "
+                       f"({c['inductor_ms'] / c['tritune_ms']:.3f}x)" if c.get("winner") else "nothing tuned")
+                       for c in t.get("model_check") or [])
     return f"tune {key}: exit {t['exit']}, {t['wall_s']:.0f} s, {len(t.get('summary') or [])} tasks" + (
         f", {library}/{sum(s['count'] for s in tasks)} sites chose the library; contractions {ours:.3f} ms "
-        f"vs the best alternatives {alt:.3f} ms" if tasks else "")
+        f"vs the best alternatives {alt:.3f} ms" if tasks else "") + (f"; whole-model check: {checks}" if checks else "")
 
 
 def ratio(results: dict, key: str, ours: str, theirs: str, what: str) -> float | None:
@@ -278,7 +282,8 @@ def overhead_line(r: dict) -> str:
     if "overhead_us" not in r:
         timed = "".join(f"; {k[:-3]} {v:.2f} us per call" for k, v in r.items() if k.endswith("_us"))
         return "failed: " + (why or "no result") + timed
-    return (f"tritune {r['tritune_us']:.2f} us, Inductor's Triton mm {r['inductor_us']:.2f} us per call: "
+    extern = f", Inductor's default (extern mm) {r['extern_us']:.2f} us" if "extern_us" in r else ""
+    return (f"tritune {r['tritune_us']:.2f} us, Inductor's Triton mm {r['inductor_us']:.2f} us{extern} per call: "
             f"{r['overhead_us']:+.2f} us (target <= 1.00); our kernel in the code: {r['tritune_as_intended']}, "
             f"Inductor's template in its code: {r['inductor_as_intended']}; sites {counts(r['sites'])}")
 

@@ -192,8 +192,9 @@ def test_compiled_graphs_launch_the_tuned_kernel_itself(tmp_path):
     assert "triton_kernel_wrapper_functional" in tuned and "'SPLIT_K': 2" in tuned and "'BLOCK_M': 64" in tuned
     assert "'stride_bk': 1, 'stride_bn': 64" in tuned and "new_zeros" in tuned  # B transposed; split-K counters
     assert "triton_kernel_wrapper" not in untuned and "aten.mm" in untuned
-    # without split-K: empty stand-ins for its scratch, and no launch that zeroes counters
-    assert "triton_kernel_wrapper_functional" in unsplit and "new_zeros" not in unsplit and "[0]" in unsplit
+    # without split-K: A stands in for its scratch (no allocation), and no launch that zeroes counters
+    assert "triton_kernel_wrapper_functional" in unsplit and "new_zeros" not in unsplit
+    assert unsplit.count("aten.new_empty") == 1 and "'WS': arg0_1, 'LOCKS': arg0_1" in unsplit
 
 
 def test_a_site_where_the_library_won_is_left_to_the_fallback(tmp_path, tuned_calls):

@@ -56,6 +56,12 @@ class HistoryBest:
         return self._tuned[key]
 
 
+def graph_mode(fallback: str, mode: str | None) -> str:
+    """What a graph verdict is stored under: the backend the rest of the graph goes to and its mode
+    ('inductor/reduce-overhead')."""
+    return f"{fallback}/{mode or 'default'}"
+
+
 @contextmanager
 def apply_history_best(db: Database | str | Path) -> Iterator[HistoryBest]:
     """Within this block, tritune ops run the best configs stored in `db`."""

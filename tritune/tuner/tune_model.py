@@ -167,3 +167,19 @@ def tune_all(planned: Sequence[Planned], db: Any, options: Any, gpu: Any = None)
 
     summaries = tune_all([p.task.expr for _, p in todo], db, options, [p.trials for _, p in todo], announce, gpu)
     return [{"count": p.task.count, **s} for (_, p), s in zip(todo, summaries)]
+
+
+def check(spec: str, input_shapes: Sequence[str], dtype: str, db_path: Any) -> list[dict]:
+    """The whole model compiled with and without its tuned kernels, timed in each mode (a child
+    process); graph verdicts stored; the table printed; the per-mode results."""
+    from tritune.settings import SETTINGS
+    from tritune.tuner import display
+    from tritune.tuner.model_check import check_model, check_table
+
+    if SETTINGS.fake_gpu:  # a stand-in GPU has nothing to compile a model for
+        display.console.print("the whole-model check needs a real GPU: skipped")
+        return []
+    display.console.print("[bold]checking the whole model[/bold]: compiled by Inductor, with and without the tuned kernels")
+    results = check_model(spec, input_shapes, dtype, db_path)
+    display.out.print(check_table(results))
+    return results

@@ -9,7 +9,9 @@ logged once per workload.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import logging
 from collections import Counter
 from pathlib import Path
@@ -28,12 +30,15 @@ log = logging.getLogger("tritune.compiler")
 _logged: set[str] = set()
 
 
-def compiler(db: Any = None, *, fallback: str | Callable = "inductor", mode: str | None = None) -> "Backend":
+def compiler(db: Any = None, *, fallback: str | Callable = "inductor", mode: str | None = None,
+             graph_verdicts: bool = True) -> "Backend":
     """A torch.compile backend running tuned kernels from `db` (a path or a database; default: the
     active `apply_history_best` context, else the default database), the rest by `fallback`
     ('inductor', another torch.compile backend's name such as 'aot_eager' or 'eager', or a backend
-    callable); `mode` is Inductor's (torch.compile's `mode`: 'reduce-overhead', 'max-autotune', ...)."""
-    return Backend(db, fallback, mode)
+    callable); `mode` is Inductor's (torch.compile's `mode`: 'reduce-overhead', 'max-autotune', ...).
+    A graph that `tune-cli tune-model` measured slower with the tuned kernels than without them in
+    this mode goes to the fallback whole (`graph_verdicts=False`: the sites alone decide)."""
+    return Backend(db, fallback, mode, graph_verdicts)
 
 
 def registered(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
@@ -81,9 +86,12 @@ def _fallback(fallback: str | Callable, mode: str | None) -> Callable:
 class Backend:
     """The backend callable; `sites` lists, after each compile, every contraction found and whether
     it runs a tuned kernel ('tuned'), was left to the fallback because the library measured
-    fastest ('library'), or because nothing was tuned for it ('miss')."""
+    fastest ('library'), because nothing was tuned for it ('miss'), or because its whole graph
+    measured faster without tuned kernels ('graph'); `graphs` the signature of each graph that had
+    tuned sites (what a graph verdict is stored under)."""
 
-    def __init__(self, db: Any = None, fallback: str | Callable = "inductor", mode: str | None = None) -> None:
+    def __init__(self, db: Any = None, fallback: str | Callable = "inductor", mode: str | None = None,
+                 graph_verdicts: bool = True) -> None:
         try:
             self.fallback = _fallback(fallback, mode)
         except (KeyError, RuntimeError) as exc:  # an unknown Inductor mode
@@ -92,7 +100,10 @@ class Backend:
         if db is not None and not isinstance(db, dispatch.HistoryBest):
             db = dispatch.HistoryBest(Path(db).expanduser())
         self.db = db
+        # a graph verdict holds for the fallback and mode it was measured with (a callable has no name)
+        self.mode = dispatch.graph_mode(fallback, mode) if graph_verdicts and isinstance(fallback, str) else None
         self.sites: list[tuple[str, str]] = []
+        self.graphs: list[str] = []
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
         why = _unsupported(example_inputs)
@@ -107,8 +118,13 @@ class Backend:
             _log_once(repr(exc), f"tritune: the graph could not be traced ({first_line(exc)}); "
                                  "it goes to the fallback unchanged")
             return self.fallback(gm, example_inputs)
-        hits = self._lookup(graph.find(aten, graph.tf32_allowed()), _device_index(example_inputs))
+        matches, index = graph.find(aten, graph.tf32_allowed()), _device_index(example_inputs)
+        hits = self._lookup(matches, index)
         if not hits:
+            return self.fallback(gm, example_inputs)
+        signature = graph_signature(aten, hits)
+        self.graphs.append(signature)
+        if self._slower_whole(signature, index, len(matches)):
             return self.fallback(gm, example_inputs)
         rewrite(aten, hits)
         _keep_input_facts(gm, aten)
@@ -131,6 +147,20 @@ class Backend:
             _log_once(listed, f"tritune: no tuned record on {device.gpu} for {sum(misses.values())} of "
                               f"{len(matches)} contractions, left to the fallback: {listed}")
         return [(m, spec) for m, spec in hits if spec]
+
+    def _slower_whole(self, signature: str, index: int, sites: int) -> bool:
+        """Whether tune-model measured this graph slower with its tuned kernels than without them in
+        this mode (its sites are then marked 'graph')."""
+        history = self._history()
+        if self.mode is None or history is None:
+            return False
+        device = device_key(device_info(index), "matmul")
+        if history.graph_verdict(signature, device, self.mode) != "inductor":
+            return False
+        _log_once(signature, f"tritune: a graph with {sites} contractions measured faster without tuned kernels "
+                             f"(mode {self.mode}, tune-cli tune-model's check); it goes to the fallback unchanged")
+        self.sites[-sites:] = [(d, "graph" if k == "tuned" else k) for d, k in self.sites[-sites:]]
+        return True
 
     @staticmethod
     def _spec(m: graph.Match, config: Any) -> str:
@@ -172,6 +202,14 @@ def rewrite(gm: fx.GraphModule, hits: list[tuple[graph.Match, str]]) -> None:
     g.eliminate_dead_code()
     g.lint()
     gm.recompile()
+
+
+def graph_signature(gm: fx.GraphModule, hits: list[tuple[graph.Match, str]]) -> str:
+    """What a graph verdict is keyed by: the ATen graph's ops (how many of each) and the tuned kernel
+    of each rewritten site; a changed graph or a re-tuned site is another graph."""
+    ops = Counter(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+    text = json.dumps({"ops": sorted(ops.items()), "tuned": sorted(spec for _, spec in hits)})
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def _keep_input_facts(traced: fx.GraphModule, aten: fx.GraphModule) -> None:

@@ -1,0 +1,83 @@
+"""The whole-model check: graph verdicts decide what the backend replays; the check stores them and
+reports a machine without a GPU in one line per mode."""
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import tritune
+from test_compiler import FAST, fresh_dynamo, store, tuned_calls  # noqa: F401 - fixtures
+from tritune.kernels.device import device_info
+from tritune.kernels.family import device_key
+from tritune.records.database import Database
+from tritune.records.dispatch import graph_mode
+from tritune.records.result import MeasureResult, Status
+from tritune.schedules.config import Config
+from tritune.tuner import model_check
+
+
+def compiled_once(db_path, model, x, **options):
+    torch._dynamo.reset()
+    backend = tritune.compiler(db_path, fallback="eager", **options)
+    with torch.no_grad():
+        y = torch.compile(model, backend=backend, fullgraph=True)(x)
+    return backend, y
+
+
+def test_a_graph_measured_slower_with_tuned_kernels_goes_to_the_fallback_whole(tmp_path, tuned_calls):
+    model, x = nn.Sequential(nn.Linear(23, 21), nn.ReLU(), nn.Linear(21, 9)), torch.randn(17, 23)
+    db = store(tmp_path / "t.db", [t.expr for t in tritune.extract_tasks(model, (x,))])
+    first, _ = compiled_once(db, model, x)
+    assert [k for _, k in first.sites] == ["tuned", "tuned"] and len(tuned_calls) == 2 and len(first.graphs) == 1
+    device = device_key(device_info(), "matmul")
+    with Database(db) as d:
+        d.save_graph_verdict(first.graphs[0], device, graph_mode("eager", None), "inductor", {})
+    tuned_calls.clear()
+    second, y = compiled_once(db, model, x)
+    assert [k for _, k in second.sites] == ["graph", "graph"] and tuned_calls == []
+    assert torch.allclose(y, model(x))
+    # the verdict holds for the mode it was measured in, and the check itself reads none
+    assert [k for _, k in compiled_once(db, model, x, mode="reduce-overhead")[0].sites] == ["tuned"] * 2
+    assert [k for _, k in compiled_once(db, model, x, graph_verdicts=False)[0].sites] == ["tuned"] * 2
+    with Database(db) as d:
+        d.save_graph_verdict(first.graphs[0], device, graph_mode("eager", None), "tritune", {})
+    assert [k for _, k in compiled_once(db, model, x)[0].sites] == ["tuned"] * 2
+
+
+def test_a_retuned_site_is_another_graph(tmp_path):
+    model, x = nn.Linear(23, 21), torch.randn(17, 23)
+    expr = tritune.extract_tasks(model, (x,))[0].expr
+    first = compiled_once(store(tmp_path / "a.db", [expr]), model, x)[0].graphs
+    with Database(tmp_path / "b.db") as d:  # the same workload, tuned to another config
+        d.add_workload(expr.key, expr.op, expr.dtype, expr.to_json())
+        other = Config.of(**{**dict(FAST), "BLOCK_M": 16})
+        d.save(expr.key, device_key(device_info(), "matmul"), [MeasureResult(other, Status.OK, 1.0, 1.0, 1.0, 1.0)])
+    second = compiled_once(tmp_path / "b.db", model, x)[0].graphs
+    assert len(first) == len(second) == 1 and first != second
+
+
+def test_the_check_stores_each_measured_mode_and_reports_failures(tmp_path):
+    device = device_key(device_info(), "matmul")
+    results = [
+        {"mode": "default", "graphs": ["g1", "g2"], "tuned_sites": 2, "sites": 3, "device": device.to_json(),
+         "inductor_ms": 1.0, "tritune_ms": 1.2, "rel_error": 1e-3, "rounds": 3, "winner": "inductor"},
+        {"mode": "reduce-overhead", "graphs": ["g1", "g2"], "tuned_sites": 2, "sites": 3, "device": device.to_json(),
+         "inductor_ms": 0.3, "tritune_ms": 0.25, "rel_error": 1e-3, "rounds": 3, "winner": "tritune"},
+        {"mode": "max-autotune", "error": "RuntimeError: boom"},
+    ]
+    model_check._store(tmp_path / "t.db", results)
+    with Database(tmp_path / "t.db") as db:
+        assert [db.graph_verdict(g, device, "inductor/default") for g in ("g1", "g2")] == ["inductor"] * 2
+        assert db.graph_verdict("g1", device, "inductor/reduce-overhead") == "tritune"
+        assert db.graph_verdict("g1", device, "inductor/max-autotune") is None
+    table = model_check.check_table(results)
+    assert table.row_count == 3
+
+
+def test_without_a_gpu_the_check_says_so_once_per_mode_and_stores_nothing(tmp_path):
+    results = model_check.check_model(f"{Path(__file__).parent / 'models.py'}:Awkward", ["2,3,29", "3,5,7"], "fp32", tmp_path / "t.db",
+                                      modes=("default", "reduce-overhead"), timeout_s=120)
+    assert [r["mode"] for r in results] == ["default", "reduce-overhead"]
+    assert all(r["error"].startswith("the model could not be built on the GPU") for r in results), results
+    with Database(tmp_path / "t.db") as db:
+        assert "graph_verdicts" not in db._db.table_names()

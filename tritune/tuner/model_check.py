@@ -1,0 +1,176 @@
+"""tune-model's last step: the whole model compiled with its tuned kernels against Inductor without
+them, timed in turns in each torch.compile mode. A tuned kernel that wins alone can still lose in a
+model (a host-bound decode step pays for every launch, and Inductor's own choice around it may
+fuse better), so a graph that runs slower with tuned kernels is stored as such (a graph verdict)
+and `tritune.compiler` then leaves it to Inductor whole: a tuned model is never slower than
+torch.compile's, as measured.
+
+The measurement runs in a child process (its own CUDA context: a crash costs only the check).
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+from tritune.records.database import Database
+from tritune.records.dispatch import graph_mode
+from tritune.records.result import DeviceKey
+
+MODES = ("default", "reduce-overhead")  # torch.compile's modes the check measures
+# the tuned kernels keep a graph only when it is this much faster than Inductor's: a tie is Inductor's
+MARGIN = 0.01
+MAX_REL_ERROR = 5e-2  # a compiled model further than this from Inductor's output is wrong, not fast
+
+
+def check_model(spec: str, input_shapes: Sequence[str], dtype: str, db_path: str | Path,
+                modes: Sequence[str] = MODES, rounds: int = 3, timeout_s: float = 900.0) -> list[dict]:
+    """Measure the model (built from `spec` with seeded random weights on the GPU) in each mode in a
+    child process, store a graph verdict for every graph with tuned sites, and return one result
+    per mode ({'mode', 'error'} where the check failed: no verdict is stored then)."""
+    with tempfile.TemporaryDirectory(prefix="tritune_check_") as tmp:
+        out = Path(tmp) / "check.json"
+        proc = mp.get_context("spawn").Process(
+            target=_child, args=(os.getpid(), spec, list(input_shapes), dtype, str(db_path), list(modes), rounds, str(out)),
+            daemon=True)
+        proc.start()
+        proc.join(timeout_s)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        results = json.loads(out.read_text()) if out.exists() else []
+    done = {r["mode"] for r in results}
+    why = f"the check's process ended with exit code {proc.exitcode}" if proc.exitcode else f"timed out after {timeout_s:.0f} s"
+    results += [{"mode": m, "error": why} for m in modes if m not in done]
+    _store(db_path, results)
+    return results
+
+
+def _store(db_path: str | Path, results: Sequence[dict]) -> None:
+    with Database(db_path) as db:
+        for r in results:
+            if r.get("winner"):
+                device = DeviceKey.from_json(r["device"])
+                detail = {k: r[k] for k in ("inductor_ms", "tritune_ms", "rel_error", "rounds")}
+                for graph in r["graphs"]:
+                    db.save_graph_verdict(graph, device, graph_mode("inductor", r["mode"]), r["winner"], detail)
+
+
+def _child(parent: int, spec: str, input_shapes: list[str], dtype: str, db_path: str, modes: list[str],
+           rounds: int, out: str) -> None:
+    """The check's process: each mode measured in turn, results written after each."""
+    from tritune.tuner.lifeline import bind_to_parent
+
+    bind_to_parent(parent)
+    import torch
+
+    from tritune.kernels.frontend.extract import first_line
+
+    results: list[dict] = []
+    try:
+        model, inputs = _build(spec, input_shapes, dtype)
+    except Exception as exc:  # noqa: BLE001 - the user's factory, or no GPU: every mode reports it
+        model, why = None, f"the model could not be built on the GPU: {first_line(exc)}"
+    for mode in modes:
+        try:
+            if model is None:
+                raise RuntimeError(why)
+            with torch.no_grad():
+                results.append({"mode": mode, **_measure(model, inputs, db_path, mode, rounds)})
+        except Exception as exc:  # noqa: BLE001 - a mode that fails must not cost the others
+            results.append({"mode": mode, "error": str(exc) if model is None else first_line(exc)})
+        Path(out).write_text(json.dumps(results))
+
+
+def _build(spec: str, input_shapes: list[str], dtype: str) -> tuple[Any, tuple]:
+    """The model with seeded random weights on the GPU, in `dtype`, eval mode; seeded inputs."""
+    import torch
+
+    from tritune.kernels.expr import torch_dtype
+    from tritune.tuner.tune_model import load_factory, parse_shapes
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = load_factory(spec)()
+    model = model.to(torch_dtype(dtype)).eval()
+    inputs = tuple(torch.randn(s, dtype=torch_dtype(dtype), device="cuda") for s in parse_shapes(input_shapes))
+    return model, inputs
+
+
+def _measure(model: Any, inputs: tuple, db_path: str, mode: str, rounds: int) -> dict:
+    """Inductor and the tuned kernels in one mode: warmed up, checked against each other, timed in turns."""
+    import torch
+
+    import tritune
+    from tritune.kernels.device import device_info
+    from tritune.kernels.family import device_key
+
+    compile_mode = None if mode == "default" else mode
+    backend = tritune.compiler(db_path, mode=compile_mode, graph_verdicts=False)  # what the graphs run alone
+    fns = {"inductor": _caller(torch.compile(model, mode=compile_mode), inputs, mode),
+           "tritune": _caller(torch.compile(model, backend=backend), inputs, mode)}
+    outs = {name: [fn() for _ in range(3)][-1] for name, fn in fns.items()}  # CUDA graphs: warm up, record, replay
+    tuned = sum(kind == "tuned" for _, kind in backend.sites)
+    result = {"graphs": sorted(set(backend.graphs)), "tuned_sites": tuned, "sites": len(backend.sites),
+              "device": device_key(device_info(), "matmul").to_json()}
+    if not backend.graphs:
+        return result  # no tuned site: the graphs reach Inductor untouched, nothing to decide
+    error = _rel_error(outs["tritune"], outs["inductor"])
+    times = _in_turns(fns, rounds)
+    faster = times["tritune"] <= (1 - MARGIN) * times["inductor"] and error <= MAX_REL_ERROR
+    return {**result, "inductor_ms": times["inductor"], "tritune_ms": times["tritune"], "rel_error": error,
+            "rounds": rounds, "winner": "tritune" if faster else "inductor"}
+
+
+def _caller(compiled: Any, inputs: tuple, mode: str) -> Any:
+    """One call; with CUDA graphs a new step first (a replay may overwrite the last output)."""
+    import torch
+
+    if mode == "default":
+        return lambda: compiled(*inputs)
+    return lambda: (torch.compiler.cudagraph_mark_step_begin(), compiled(*inputs))[1]
+
+
+def _in_turns(fns: dict, rounds: int) -> dict[str, float]:
+    """Median ms per call of each function, timed in turns (drift hits all alike)."""
+    from triton.testing import do_bench
+
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def _rel_error(out: Any, ref: Any) -> float:
+    """‖out − ref‖ / ‖ref‖ over every tensor of two outputs (a tensor, tuple or model output)."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    pairs = [(o, r) for o, r in zip(tree_leaves(out), tree_leaves(ref)) if isinstance(r, torch.Tensor)]
+    num = sum(float((o.double() - r.double()).norm() ** 2) for o, r in pairs)
+    den = sum(float(r.double().norm() ** 2) for _, r in pairs)
+    return (num / den) ** 0.5 if den else float(num > 0)
+
+
+def check_table(results: Sequence[dict]) -> Any:
+    """The check as a table: per mode Inductor's time, the tuned model's, and what the model runs."""
+    from rich.table import Table
+
+    table = Table(title="the whole model, compiled: Inductor against the tuned kernels (timed in turns)")
+    for col in ("mode", "tuned sites", "Inductor ms", "with tuned kernels ms", "speed-up", "compiled model runs"):
+        table.add_column(col)
+    for r in results:
+        if "error" in r:
+            table.add_row(r["mode"], "", "", "", "", f"check failed ({r['error']}): the sites decide")
+        elif not r.get("winner"):
+            table.add_row(r["mode"], f"0/{r['sites']}", "", "", "", "Inductor (nothing tuned to replay)")
+        else:
+            runs = "tuned kernels" if r["winner"] == "tritune" else "Inductor (graph verdict)"
+            table.add_row(r["mode"], f"{r['tuned_sites']}/{r['sites']}", f"{r['inductor_ms']:.4f}", f"{r['tritune_ms']:.4f}",
+                          f"{r['inductor_ms'] / r['tritune_ms']:.3f}x", runs)
+    return table
