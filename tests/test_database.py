@@ -228,3 +228,26 @@ def test_a_verdict_decides_the_best_and_survives_export_and_import(db, tmp_path)
     fresh = Database(tmp_path / "fresh.db")
     fresh.import_jsonl(io.StringIO(buf.getvalue()))
     assert fresh.best("w1", H100).config == library
+
+
+def test_which_gpu_measured_a_trial_is_kept_and_older_databases_gain_the_column(tmp_path):
+    """`measured_on` is a column of its own; a database made before it (no such column) gains it on
+    its first write of a trial, and its old trials read as measured nowhere known."""
+    path = tmp_path / "old.db"
+    with Database(path) as db:
+        db.add_workload("w1", "matmul", "fp16", "{}")
+        db.save("w1", H100, [ok(CFG, 0.5)])
+    with sqlite3.connect(path) as conn:  # as the schema was before the column
+        conn.execute("ALTER TABLE trials DROP COLUMN measured_on")
+    with Database(path) as db:
+        assert db.trials("w1", H100)[0].measured_on == ""
+        there = MeasureResult(CFG.replace(UNROLL=2), Status.OK, 1, 1, 1, 1, measured_on="gpuhost:1")
+        db.save("w1", H100, [there])
+        assert [r.measured_on for r in db.trials("w1", H100)] == ["", "gpuhost:1"]
+        buf = io.StringIO()
+        db.export_jsonl(buf)
+    lines = [json.loads(line) for line in buf.getvalue().splitlines()]
+    assert "measured_on" not in lines[0] and lines[1]["measured_on"] == "gpuhost:1"
+    with Database(tmp_path / "fresh.db") as fresh:
+        fresh.import_jsonl(io.StringIO(buf.getvalue()))
+        assert fresh.trials("w1", H100)[1] == there

@@ -25,7 +25,8 @@ BUSY_TIMEOUT_S = 60.0  # how long a write waits for other tuners' writes before 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _TABLES = ("meta", "workloads", "devices", "trials")
 _TIMES = jsonl.TIMES
-_TRIAL_COLUMNS = ("workload", "device", "config_key", "config", "status", *_TIMES, "compile_s", "timestamp", "message")
+_TRIAL_COLUMNS = ("workload", "device", "config_key", "config", "status", *_TIMES, "compile_s", "timestamp", "message",
+                  "measured_on")
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -38,7 +39,8 @@ CREATE TABLE IF NOT EXISTS trials (
     device TEXT NOT NULL REFERENCES devices(key),
     config_key TEXT NOT NULL, config TEXT NOT NULL, status TEXT NOT NULL,
     t_min REAL, t_p20 REAL, t_median REAL, t_p80 REAL,
-    compile_s REAL NOT NULL DEFAULT 0, timestamp REAL NOT NULL, message TEXT NOT NULL DEFAULT '');
+    compile_s REAL NOT NULL DEFAULT 0, timestamp REAL NOT NULL, message TEXT NOT NULL DEFAULT '',
+    measured_on TEXT NOT NULL DEFAULT '');
 CREATE UNIQUE INDEX IF NOT EXISTS trials_config ON trials (workload, device, config_key);
 CREATE INDEX IF NOT EXISTS trials_status ON trials (workload, device, status);
 INSERT OR IGNORE INTO meta (name, value) VALUES ('schema_version', '{SCHEMA_VERSION}');
@@ -66,6 +68,10 @@ CREATE TABLE IF NOT EXISTS graph_verdicts (
     graph TEXT NOT NULL, device TEXT NOT NULL, mode TEXT NOT NULL, winner TEXT NOT NULL, detail TEXT NOT NULL,
     timestamp REAL NOT NULL, PRIMARY KEY (graph, device, mode))
 """
+# Which GPU measured each trial ("host:index"): a column that databases made before it gain on their
+# first write of a trial (older tritunes name their columns and leave it at its default).
+_MEASURED_ON = "ALTER TABLE trials ADD COLUMN measured_on TEXT NOT NULL DEFAULT ''"
+
 # How the best trial is chosen: the verdict's winner where there is one, else the lowest median.
 _ORDER = "t_median, t.id"
 _ORDER_WITH_VERDICTS = ("COALESCE(t.config_key = (SELECT winner FROM verdicts v WHERE v.workload = t.workload "
@@ -161,6 +167,7 @@ class Database:
                 for statement in filter(str.strip, _SCHEMA.split(";")):
                     self._db.conn.execute(statement)
         self._claims_ready = False
+        self._measured_on_ready = False
 
     def _check_schema(self, tables: set[str]) -> None:
         if "meta" not in tables:
@@ -263,6 +270,11 @@ class Database:
     def _insert(self, workload_key: str, device: DeviceKey, results: Iterable[MeasureResult]) -> int:
         # Callers hold the transaction. The device row is a pure function of its key, so insert-or-ignore
         # is an upsert; a config already stored keeps its first measurement (resume, re-import).
+        if not self._measured_on_ready:
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(trials)")}
+            if "measured_on" not in columns:
+                self._db.execute(_MEASURED_ON)
+            self._measured_on_ready = True
         self._db.execute("INSERT OR IGNORE INTO devices (key, spec) VALUES (?, ?)", [device.key, device.to_json()])
         rows = [_trial_row(workload_key, device.key, r) for r in results]
         before = self._db.conn.total_changes
@@ -398,9 +410,10 @@ def _as_int(value: Any) -> int | None:
 
 def _trial_row(workload_key: str, device_key: str, r: MeasureResult) -> tuple:
     return (workload_key, device_key, r.config.key, r.config.to_json(), r.status.value,
-            r.t_min, r.t_p20, r.t_median, r.t_p80, r.compile_s, r.timestamp, r.message)
+            r.t_min, r.t_p20, r.t_median, r.t_p80, r.compile_s, r.timestamp, r.message, r.measured_on)
 
 
 def _result(row: dict) -> MeasureResult:
     return MeasureResult(Config.from_json(row["config"]), Status(row["status"]), row["t_min"], row["t_p20"],
-                         row["t_median"], row["t_p80"], row["compile_s"], row["timestamp"], row["message"])
+                         row["t_median"], row["t_p80"], row["compile_s"], row["timestamp"], row["message"],
+                         row.get("measured_on") or "")

@@ -18,6 +18,8 @@ def trial_line(row: Any, won: bool) -> str:
             "device": json.loads(row["device_spec"]), "config": json.loads(row["config"]),
             "status": row["status"], **{t: row[t] for t in TIMES},
             "compile_s": row["compile_s"], "timestamp": row["timestamp"], "message": row["message"]}
+    if row.get("measured_on"):  # absent from databases (and exports) made before it
+        line["measured_on"] = row["measured_on"]
     if won:
         line["verdict"] = True
     return json.dumps(line)
@@ -38,7 +40,8 @@ def parse_line(text: str, number: int) -> tuple[tuple[str, str, str, str], Devic
         _require(status in Status._value2member_map_, f"unknown status {status!r}")
         times = [_field(data, t, (int, float, type(None))) for t in TIMES]
         result = MeasureResult(Config.of(config), Status(status), *times, _field(data, "compile_s", (int, float)),
-                               _field(data, "timestamp", (int, float)), _field(data, "message", str))
+                               _field(data, "timestamp", (int, float)), _field(data, "message", str),
+                               _field(data, "measured_on", str) if "measured_on" in data else "")
         device_key = DeviceKey(**{k: _field(device, k, str) for k in DeviceKey.__dataclass_fields__})
         return row, device_key, result, data.get("verdict") is True
     except ValueError as exc:  # json.JSONDecodeError is a ValueError too

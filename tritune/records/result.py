@@ -35,6 +35,7 @@ class MeasureResult:
     compile_s: float = 0.0
     timestamp: float = field(default_factory=time.time)
     message: str = ""
+    measured_on: str = ""  # which GPU measured it, "host:index" ("" where none did: a compile error)
 
     @property
     def ok(self) -> bool:
