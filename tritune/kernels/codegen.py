@@ -12,10 +12,10 @@ import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from tritune.kernels.device import interpreted
-from tritune.kernels.expr import INT32_MAX
+from tritune.kernels.expr import INT32_MAX, ExprError
 from tritune.settings import SETTINGS
 
 TRITON_DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp32": "fp32", "i32": "i32", "i64": "i64"}
@@ -145,3 +145,41 @@ def use_torch_scratch() -> None:
     import triton
 
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+
+
+class Emitter:
+    """Triton statements computing a chain on the fp32 tile `acc`; `loader(i, input)` gives the
+    expression loading extra input i as an fp32 tile that broadcasts against it."""
+
+    def __init__(self, loader: Callable[[int, Any], str] | None = None) -> None:
+        self.lines: list[str] = []
+        self._loader, self._inputs, self._temps = loader, 0, 0
+
+    def load(self, inp: Any) -> str:
+        """Emit the load of the next extra input; its variable's name."""
+        if self._loader is None:
+            raise ExprError("this kernel's epilogue takes no extra inputs")
+        name = f"in{self._inputs}"
+        self.lines.append(f"{name} = {self._loader(self._inputs, inp)}")
+        self._inputs += 1
+        return name
+
+    def chain(self, steps: Sequence[Any], v: str) -> str:
+        """Emit a nested chain on a copy of `v`; its result's variable name."""
+        t = f"t{self._temps}"
+        self._temps += 1
+        self.lines.append(f"{t} = {v}")
+        return self.run(steps, t)
+
+    def run(self, steps: Sequence[Any], v: str) -> str:
+        """Emit each step as an update of variable `v`; returns `v`."""
+        for s in steps:
+            self.lines.append(f"{v} = {s.triton(v, self)}")
+        return v
+
+
+def epilogue_source(steps: Sequence[Any], indent: str, loader: Callable[[int, Any], str] | None = None) -> str:
+    """The Triton statements applying `steps` to `acc`, one per line at `indent`."""
+    emit = Emitter(loader)
+    emit.run(steps, "acc")
+    return "".join(f"{indent}{line}\n" for line in emit.lines)

@@ -1,11 +1,13 @@
-"""The contraction expression: C[b,m,n] = epilogue(A[b,m,k] @ B[b,k,n]) in any layout."""
+"""The contraction expression: C[b,m,n] = epilogue(A[b,m,k] @ B[b,k,n]) in any layout, the epilogue
+any chain of elementwise steps, with extra inputs (a residual, row or column vectors)."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from tritune.kernels.epilogue import BiasAdd, Epilogue, Gelu, Relu, Scale, epilogue_from_dict
+from tritune.kernels.epilogue import (Binary, BiasAdd, Clamp, Epilogue, Gelu, Input, Pow, Relu, Scale, Unary,
+                                      epilogue_from_dict, inputs_of)
 from tritune.kernels.expr import INT32_MAX, ExprError, Keyed, check_fields
 
 
@@ -14,7 +16,9 @@ class Matmul(Keyed):
     """Contraction C[b,m,n] = epilogue(sum_k A[b,m,k] * B[b,k,n]), accumulated in fp32.
 
     trans_a / trans_b say the operand is stored transposed (A as [K, M], B as [N, K]);
-    allow_tf32 lets fp32 inputs use tf32 tensor cores (recorded in the workload).
+    allow_tf32 lets fp32 inputs use tf32 tensor cores (recorded in the workload). The epilogue's
+    extra inputs (`inputs`) are operands after the bias: a residual [B, M, N] (batch stride 0 to
+    share one [M, N]), or vectors over rows [M] or columns [N] shared by the batch.
     """
 
     m: int
@@ -31,6 +35,8 @@ class Matmul(Keyed):
     def __post_init__(self) -> None:
         check_fields(self, ("m", "n", "k", "batch"))
         object.__setattr__(self, "epilogue", tuple(self.epilogue))
+        if not all(isinstance(e, Epilogue) for e in self.epilogue):
+            raise ExprError(f"an epilogue is a sequence of steps, got {self.epilogue!r}")
         if max(self.m * self.k, self.k * self.n, self.m * self.n) > INT32_MAX:
             raise ExprError("each operand must have fewer than 2**31 elements per batch")
 
@@ -38,6 +44,11 @@ class Matmul(Keyed):
     def has_bias(self) -> bool:
         """True when the epilogue reads a bias vector."""
         return any(e.needs_bias for e in self.epilogue)
+
+    @property
+    def inputs(self) -> tuple[Input, ...]:
+        """The epilogue's extra inputs, in kernel argument order."""
+        return inputs_of(self.epilogue)
 
     @property
     def flops(self) -> int:
@@ -86,7 +97,7 @@ class Matmul(Keyed):
 
 
 # Small awkward contractions (no size a multiple of a tile, M or N of 1, batched, every layout and
-# epilogue, every dtype) for correctness checks on a GPU and under the interpreter (which computes
+# epilogue and extra input kind, every dtype) for correctness checks on a GPU and under the interpreter (which computes
 # bf16 dots wrongly: CPU tests skip that one).
 AWKWARD = (
     Matmul(37, 29, 53), Matmul(1, 45, 70, trans_a=True), Matmul(50, 1, 33, trans_b=True),
@@ -95,4 +106,12 @@ AWKWARD = (
     Matmul(33, 47, 29, dtype="fp32", allow_tf32=False, epilogue=(Gelu("tanh"),)),
     Matmul(70, 50, 128, dtype="bf16", epilogue=(BiasAdd(), Gelu())),
     Matmul(9, 130, 72, batch=4, dtype="bf16", trans_b=True, epilogue=(Relu(),)),
+    # general epilogues: a residual after bias + GELU; row and column scales, constants and
+    # x * sigmoid(x) written as a chain; the residual in fp32 beside a bf16 output
+    Matmul(37, 29, 53, trans_b=True, epilogue=(BiasAdd(), Gelu("tanh"), Binary("add", Input("mn", "fp16")))),
+    Matmul(19, 23, 41, batch=3, dtype="fp32", trans_a=True, epilogue=(
+        Binary("mul", Input("m", "fp32")), Binary("add", Input("n", "fp16")), Binary("mul", (Unary("sigmoid"),)),
+        Binary("add", 0.5), Clamp(-2.0, 3.0), Pow(2))),
+    Matmul(70, 50, 128, dtype="bf16", epilogue=(Unary("silu"), Binary("mul", Input("mn", "fp32")),
+                                                Binary("mul", Input("n", "bf16")))),
 )

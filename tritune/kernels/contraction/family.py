@@ -7,9 +7,10 @@ import numpy as np
 
 from tritune.kernels.contraction import launch
 from tritune.kernels.contraction.expr import AWKWARD, Matmul
-from tritune.kernels.epilogue import parse_epilogue
+from tritune.kernels.epilogue import apply, apply_
 from tritune.kernels.expr import DTYPE_BYTES, TOLERANCE, ExprError, check_dtype, check_options, parse_dims, torch_dtype
 from tritune.kernels.family import Family, Operands
+from tritune.kernels.pointwise import GRAMMAR, parse_epilogue
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits, Space
 
@@ -32,7 +33,7 @@ class ContractionFamily(Family):
     @property
     def cli_help(self) -> str:
         shape = "B,M,N,K" if self.batched else "S (square), M,N,K or B,M,N,K"
-        return f"--shape {shape}; --layout nn|nt|tn|tt; --epilogue scale=A,bias,relu,gelu,gelu_tanh"
+        return f"--shape {shape}; --layout nn|nt|tn|tt; --epilogue: {GRAMMAR}"
 
     def examples(self) -> tuple:
         return tuple(e for e in AWKWARD if (e.batch > 1) == self.batched)
@@ -50,7 +51,7 @@ class ContractionFamily(Family):
             raise ExprError(f"bad --layout {layout!r}: one of {', '.join(LAYOUTS)} (t = operand stored transposed)")
         check_dtype(dtype)
         return Matmul(m, n, k, batch=batch, dtype=dtype, trans_a=layout[0] == "t", trans_b=layout[1] == "t",
-                      epilogue=parse_epilogue(options.get("epilogue", "")))
+                      epilogue=parse_epilogue(options.get("epilogue", ""), dtype))
 
     # ----- schedules and cost model
     def space(self, expr: Matmul, limits: Limits) -> Space:
@@ -70,42 +71,36 @@ class ContractionFamily(Family):
 
     # ----- semantics
     def inputs(self, expr: Matmul, seed: int, device: str) -> Operands:
+        """a, b, a NaN output, then the bias (None without one, where extra inputs follow) and the
+        epilogue's extra inputs: a [B, M, N] residual, [M] or [N] vectors, each in its dtype."""
         import torch
 
         gen = torch.Generator(device=device).manual_seed(seed)
-        dt = torch_dtype(expr.dtype)
 
-        def rand(*shape: int) -> torch.Tensor:
-            return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(dt)
+        def rand(*shape: int, dtype: str = expr.dtype) -> torch.Tensor:
+            return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(torch_dtype(dtype))
 
         bm, m, n, k = expr.batch, expr.m, expr.n, expr.k
         a = rand(bm, k, m).transpose(1, 2) if expr.trans_a else rand(bm, m, k)
         b = rand(bm, n, k).transpose(1, 2) if expr.trans_b else rand(bm, k, n)
-        c = torch.full((bm, m, n), float("nan"), device=device, dtype=dt)
-        args = (a, b, c, rand(n)) if expr.has_bias else (a, b, c)
-        return Operands(args, c)
+        c = torch.full((bm, m, n), float("nan"), device=device, dtype=torch_dtype(expr.dtype))
+        extra = tuple(rand(*{"mn": (bm, m, n), "m": (m,), "n": (n,)}[i.shape], dtype=i.dtype) for i in expr.inputs)
+        bias = (rand(n),) if expr.has_bias else (None,) if extra else ()
+        return Operands((a, b, c, *bias, *extra), c)
 
     def reference(self, expr: Matmul, args: tuple) -> Any:
         import torch
 
         out = torch.matmul(args[0].double(), args[1].double())
-        bias = args[3].double() if expr.has_bias else None
-        for step in expr.epilogue:
-            out = step.reference(out, bias)
-        return out
+        bias, extra = _epilogue_args(args)
+        return apply(expr.epilogue, out, None if bias is None else bias.double(), [t.double() for t in extra])
 
     def eager(self, expr: Matmul, x: Operands) -> Callable[[], Any]:
         import torch
 
         a, b, c = x.args[:3]
-        bias = x.args[3] if expr.has_bias else None
-
-        def run() -> Any:
-            out = torch.matmul(a, b, out=c)
-            for step in expr.epilogue:
-                out = step.reference(out, bias)
-            return out
-        return run
+        bias, extra = _epilogue_args(x.args)
+        return lambda: apply(expr.epilogue, torch.matmul(a, b, out=c), bias, extra)
 
     def libraries(self, expr: Matmul) -> tuple[str, ...]:
         """cuBLAS through torch: mm / bmm with the epilogue after it; addmm / baddbmm with the bias
@@ -120,7 +115,7 @@ class ContractionFamily(Family):
         alpha, rest = _library_steps(expr, name)
         gelu = any(s.name == "gelu" for s in expr.epilogue)
 
-        def run(a: Any, b: Any, c: Any, bias: Any = None) -> Any:
+        def run(a: Any, b: Any, c: Any, bias: Any = None, *inputs: Any) -> Any:
             if expr.batch == 1 and c.dim() == 3:  # 2-D calls on the single batch entry
                 a, b, c = (t[0] if t.dim() == 3 else t for t in (a, b, c))
             elif c.dim() == 3:  # a 2-D operand broadcast over the batch (a stride-0 view)
@@ -132,19 +127,15 @@ class ContractionFamily(Family):
                 (torch.addmm if two_d else torch.baddbmm)(bias, a, b, alpha=alpha, out=c)
             else:
                 (torch.mm if two_d else torch.bmm)(a, b, out=c)
-            for step in rest:
-                _in_place(step, c, bias)
+            apply_(rest, c, bias, inputs)
             return c
         return run
 
     def expression(self, expr: Matmul) -> Callable[..., Any]:
         import torch
 
-        def run(a: Any, b: Any, c: Any, bias: Any = None) -> Any:
-            out = torch.matmul(a, b)
-            for step in expr.epilogue:
-                out = step.reference(out, bias)
-            return out
+        def run(a: Any, b: Any, c: Any, bias: Any = None, *inputs: Any) -> Any:
+            return apply(expr.epilogue, torch.matmul(a, b), bias, inputs)
         return run
 
     def tolerance(self, expr: Matmul) -> float:
@@ -172,15 +163,6 @@ def _library_steps(expr: Matmul, name: str) -> tuple[float, tuple] | None:
     return None
 
 
-def _in_place(step: Any, out: Any, bias: Any) -> None:
-    """One epilogue step applied to a library call's output in place (as a fused pointwise kernel would)."""
-    import torch
-
-    if step.name == "bias":
-        out.add_(bias)
-    elif step.name == "scale":
-        out.mul_(step.alpha)
-    elif step.name == "relu":
-        out.relu_()
-    else:
-        torch.ops.aten.gelu_(out, approximate=step.approximate)
+def _epilogue_args(args: tuple) -> tuple[Any, tuple]:
+    """(bias or None, extra inputs) of a contraction's kernel args (a, b, out[, bias, *inputs])."""
+    return (args[3] if len(args) > 3 else None), tuple(args[4:])

@@ -4,11 +4,13 @@ across shapes."""
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
 
 from tritune.kernels.contraction.expr import Matmul
+from tritune.kernels.epilogue import walk
 from tritune.kernels.expr import DTYPE_BYTES
 from tritune.schedules.config import Config
 from tritune.schedules.contraction import REGS_PER_SM, RESERVED_REGS, compute_warps, shared_estimate
@@ -21,13 +23,24 @@ DERIVED = (
     "occupancy_warps", "tile_intensity", "bytes_per_flop_tile", "dtype_bytes",
     "log_m", "log_n", "log_k", "log_batch", "m_div16", "n_div16", "k_div16", "trans_a", "trans_b",
     "log2_SPLIT_K", "TMA", "PERSISTENT", "m_div8", "n_div8", "k_div8", "WARP_SPEC",
-    "operand_regs", "thread_regs",
+    "operand_regs", "thread_regs", "epi_steps", "epi_bytes_per_out", "epi_tile_regs",
 )
 FEATURE_NAMES = tuple(f"log2_{k}" for k in KNOB_NAMES) + DERIVED
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+@lru_cache(maxsize=64)  # once per expression, not once per config
+def epilogue_cost(expr: Matmul) -> tuple[int, float, int]:
+    """(steps, bytes the epilogue's extra inputs add per output element, full [M, N] input tiles):
+    a residual's loads cost as much memory traffic as the output's store, and its tile sits in
+    registers beside the accumulator."""
+    steps = walk(expr.epilogue)
+    size = {"mn": 1.0, "m": 1.0 / expr.n, "n": 1.0 / expr.m}  # vectors are read once per row or column
+    read = sum(DTYPE_BYTES[i.dtype] * size[i.shape] for i in expr.inputs) + DTYPE_BYTES[expr.dtype] * expr.has_bias / expr.m
+    return len(steps), read, sum(i.shape == "mn" for i in expr.inputs)
 
 
 def config_features(expr: Matmul, limits: Limits, c: Config) -> list[float]:
@@ -48,6 +61,7 @@ def config_features(expr: Matmul, limits: Limits, c: Config) -> list[float]:
     operand = c["UNROLL"] * (bm + bn) * bk * eb / (4 * 32 * warps)
     by_regs = REGS_PER_SM // (32 * warps * (acc + RESERVED_REGS))
     per_sm = max(0, min(limits.shared_bytes // max(shared, 1), by_regs, 64 // warps))
+    epi_steps, epi_bytes, epi_tiles = epilogue_cost(expr)
     return [
         *(math.log2(c[k]) for k in KNOB_NAMES),
         math.log2(tm), math.log2(tn), math.log2(programs), waves,
@@ -61,7 +75,7 @@ def config_features(expr: Matmul, limits: Limits, c: Config) -> list[float]:
         expr.m % 16 == 0, expr.n % 16 == 0, expr.k % 16 == 0, expr.trans_a, expr.trans_b,
         math.log2(split), tma, persistent, expr.m % 8 == 0, expr.n % 8 == 0, expr.k % 8 == 0,
         c.get("WARP_SPEC", 0),
-        operand, acc + operand + RESERVED_REGS,
+        operand, acc + operand + RESERVED_REGS, epi_steps, epi_bytes, epi_tiles * acc,
     ]
 
 

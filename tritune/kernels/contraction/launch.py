@@ -24,15 +24,15 @@ class Problem:
     """The integer arguments of one launch and the alignment of its pointers."""
 
     batch: int
-    ints: tuple[int, ...]  # M, N, K, 9 strides (A, B, C), bias stride
-    aligned: tuple[bool, ...]  # A, B, C, BIAS data pointers 16-byte aligned
+    ints: tuple[int, ...]  # M, N, K, 9 strides (A, B, C), bias stride, the extra inputs' strides
+    aligned: tuple[bool, ...]  # A, B, C, BIAS, then each extra input's data pointer 16-byte aligned
 
     def stride(self, name: str) -> int:
         """One stride by its kernel argument name, e.g. 'stride_am'."""
         return self.ints[INT_NAMES.index(name)]
 
 
-POINTER_NAMES = ("A", "B", "C", "BIAS")  # then WS, LOCKS: split-K scratch, always aligned
+POINTER_NAMES = ("A", "B", "C", "BIAS")  # then WS, LOCKS: split-K scratch, always aligned; then E0, E1, ..
 INT_NAMES = ("M", "N", "K", *(f"stride_{t}{d}" for t, dims in (("a", "bmk"), ("b", "bkn"), ("c", "bmn"))
                                for d in dims), "stride_bias")
 
@@ -43,24 +43,32 @@ def canonical_problem(expr: Matmul) -> Problem:
     a = (m * k, 1, m) if expr.trans_a else (m * k, k, 1)
     b = (k * n, 1, k) if expr.trans_b else (k * n, n, 1)
     c = (m * n, n, 1)
-    return Problem(expr.batch, (m, n, k, *a, *b, *c, 1 if expr.has_bias else 0), (True,) * 4)
+    # extra inputs as `inputs` allocates them: a contiguous [B, M, N] residual, contiguous vectors
+    extra = [s for inp in expr.inputs for s in ((m * n, n, 1) if inp.shape == "mn" else (1,))]
+    return Problem(expr.batch, (m, n, k, *a, *b, *c, 1 if expr.has_bias else 0, *extra),
+                   (True,) * (4 + len(expr.inputs)))
 
 
-def ints_of(expr: Matmul, a: Any, b: Any, c: Any, bias: Any = None) -> tuple[int, ...]:
+def ints_of(expr: Matmul, a: Any, b: Any, c: Any, bias: Any = None, *inputs: Any) -> tuple[int, ...]:
     """The kernel's integer arguments for torch tensors (2-D, or 3-D with a leading batch
-    dimension; real or fake: only shapes and strides are read)."""
+    dimension; real or fake: only shapes and strides are read); `inputs` are the epilogue's extra
+    inputs in order (`expr.inputs`): a residual 2-D (shared by the batch) or 3-D, vectors 1-D."""
     def strides(t: Any) -> tuple[int, ...]:
         s = t.stride()
         return s if t.dim() == 3 else (0, *s)
 
+    kinds = expr.inputs
+    if len(inputs) != len(kinds):
+        raise ValueError(f"{expr.describe()} takes {len(kinds)} extra epilogue inputs, got {len(inputs)}")
+    extra = [s for kind, t in zip(kinds, inputs) for s in (strides(t) if kind.shape == "mn" else t.stride()[-1:])]
     bias_stride = bias.stride(0) if expr.has_bias else 0
-    return (expr.m, expr.n, expr.k, *strides(a), *strides(b), *strides(c), bias_stride)
+    return (expr.m, expr.n, expr.k, *strides(a), *strides(b), *strides(c), bias_stride, *extra)
 
 
-def problem_of(expr: Matmul, a: Any, b: Any, c: Any, bias: Any = None) -> Problem:
+def problem_of(expr: Matmul, a: Any, b: Any, c: Any, bias: Any = None, *inputs: Any) -> Problem:
     """The problem of concrete torch tensors (2-D, or 3-D with a leading batch dimension)."""
-    pointers = (a, b, c, bias if expr.has_bias else c)
-    return Problem(expr.batch, ints_of(expr, a, b, c, bias), tuple(t.data_ptr() % 16 == 0 for t in pointers))
+    pointers = (a, b, c, bias if expr.has_bias else c, *inputs)
+    return Problem(expr.batch, ints_of(expr, a, b, c, bias, *inputs), tuple(t.data_ptr() % 16 == 0 for t in pointers))
 
 
 def tma_unfit(expr: Matmul, problem: Problem, store: bool = False) -> str | None:
@@ -102,7 +110,9 @@ def binary(expr: Matmul, config: Config, problem: Problem) -> Binary:
     fn = template.load(expr)
     pointers = tuple((name, expr.dtype, aligned) for name, aligned in zip(POINTER_NAMES, problem.aligned))
     pointers += (("WS", "fp32", True), ("LOCKS", "i32", True))
-    ints = tuple((name, v, divisibility(v)) for name, v in zip(INT_NAMES, problem.ints))
+    pointers += tuple((f"E{i}", inp.dtype, aligned) for i, (inp, aligned) in enumerate(zip(expr.inputs, problem.aligned[4:])))
+    names = INT_NAMES + template.input_int_names(expr)
+    ints = tuple((name, v, divisibility(v)) for name, v in zip(names, problem.ints))
     options = (("num_warps", config["num_warps"]), ("num_stages", config["num_stages"]))
     return Binary(fn, pointers, ints, tuple(constexprs(expr, config).items()), options)
 
@@ -122,12 +132,13 @@ def grid(expr: Matmul, config: Config, sms: int) -> tuple[int, int, int]:
 
 
 def launcher(expr: Matmul, config: Config, problem: Problem, target: Any = None) -> "Kernel":
-    """The candidate bound to one problem: call it with (a, b, out[, bias]) to launch once."""
+    """The candidate bound to one problem: call it with (a, b, out[, bias, *inputs]) to launch once."""
     return Kernel(expr, config, problem, target)
 
 
 class Kernel:
-    """One candidate bound to one problem; call it with tensors (a, b, out[, bias]) to launch.
+    """One candidate bound to one problem; call it with tensors (a, b, out[, bias, *inputs]) to
+    launch (`bias` None where the epilogue has none; `inputs` the epilogue's extra inputs).
 
     Split-K kernels own a scratch area (fp32 partial tiles and one arrival counter per tile):
     launches of one Kernel must not overlap on different streams.
@@ -142,12 +153,12 @@ class Kernel:
         self._has_bias = expr.has_bias  # read on every launch: not a property walk each time
         self._scratch: tuple[Any, Any] | None = None
 
-    def __call__(self, a: Any, b: Any, c: Any, bias: Any = None) -> None:
+    def __call__(self, a: Any, b: Any, c: Any, bias: Any = None, *inputs: Any) -> None:
         """Launch on tensors whose problem matches the one this kernel was built for."""
         scratch = self._scratch
         if scratch is None:
             scratch = self._scratch = self._allocate(a.device)
-        self._launcher(a, b, c, bias if self._has_bias else c, *scratch)
+        self._launcher(a, b, c, bias if self._has_bias else c, *scratch, *inputs)
 
     def _allocate(self, device: Any) -> tuple[Any, Any]:
         import torch

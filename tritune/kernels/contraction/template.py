@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tritune.kernels.codegen import load_source
+from tritune.kernels.codegen import epilogue_source, load_source
 from tritune.kernels.contraction.expr import Matmul
 
 KERNEL_NAME = "tritune_matmul"
@@ -63,7 +63,7 @@ def _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
 
 
 @triton.jit
-def _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,
+def _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,{finish_params}
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -102,11 +102,11 @@ def _split_fixup(acc, WS, LOCKS, slot, split, BLOCK_M: tl.constexpr, BLOCK_N: tl
 
 @triton.jit
 def {name}(
-    A, B, C, BIAS, WS, LOCKS,
+    A, B, C, BIAS, WS, LOCKS,{input_pointers}
     M, N, K,
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
-    stride_cb, stride_cm, stride_cn, stride_bias,
+    stride_cb, stride_cm, stride_cn, stride_bias,{input_strides}
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SPLIT_K: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr, WARP_SPEC: tl.constexpr,
@@ -133,7 +133,7 @@ def {name}(
             acc = _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, 0, k_iters, M, N, K,
                             stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
                             BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K, DOT_PRECISION, TMA, 0)
-            _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,
+            _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,{finish_args}
                     BLOCK_M, BLOCK_N, TMA)
     else:
         pid_m, pid_n = _tile_of(tl.program_id(0), grid_m, grid_n, GROUP_M)
@@ -148,12 +148,28 @@ def {name}(
             slot = tl.program_id(1) * tiles + tl.program_id(0)
             acc, last = _split_fixup(acc, WS, LOCKS, slot, split, BLOCK_M, BLOCK_N, SPLIT_K)
             if last:
-                _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,
+                _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,{finish_args}
                         BLOCK_M, BLOCK_N, TMA)
         else:
-            _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,
+            _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,{finish_args}
                     BLOCK_M, BLOCK_N, TMA)
 '''
+
+# Extra epilogue inputs, loaded in _finish as fp32 tiles that broadcast against acc: a residual
+# tile (masked at the edges), or a vector over the tile's rows or columns.
+_INPUT_LOADS = {
+    "mn": "tl.load(E{i} + batch * stride_e{i}b + offs_m[:, None] * stride_e{i}m + offs_n[None, :] * stride_e{i}n, "
+          "mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0.0).to(tl.float32)",
+    "m": "tl.load(E{i} + offs_m * stride_e{i}m, mask=offs_m < M, other=0.0).to(tl.float32)[:, None]",
+    "n": "tl.load(E{i} + offs_n * stride_e{i}n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]",
+}
+
+
+def input_int_names(expr: Matmul) -> tuple[str, ...]:
+    """The stride arguments of the epilogue's extra inputs, in order: a residual's batch, row and
+    column strides, a vector's one stride."""
+    return tuple(f"stride_e{i}{d}" for i, inp in enumerate(expr.inputs) for d in ("bmn" if inp.shape == "mn" else inp.shape))
+
 
 _BIAS_LOAD = "    bias = tl.load(BIAS + offs_n * stride_bias, mask=offs_n < N, other=0.0).to(tl.float32)\n"
 # Tensor descriptors over each operand as stored ([M, K] or, transposed, [K, M]); the unit
@@ -181,11 +197,15 @@ def _tma(expr: Matmul) -> tuple[str, str]:
 def source(expr: Matmul) -> str:
     """The Triton source of the kernel computing `expr`."""
     descs, loads = _tma(expr)
+    pointers = "".join(f" E{i}," for i in range(len(expr.inputs)))
+    strides = "".join(f" {name}," for name in input_int_names(expr))
     return _TEMPLATE.format(
+        input_pointers=pointers, input_strides=strides, finish_params=pointers + strides,
+        finish_args=pointers + strides,
         name=KERNEL_NAME,
         description=expr.describe().replace(f" {expr.dtype}", ""),
         bias_load=_BIAS_LOAD if expr.has_bias else "",
-        epilogue="".join(f"    {e.triton()}\n" for e in expr.epilogue),
+        epilogue=epilogue_source(expr.epilogue, "    ", lambda i, inp: _INPUT_LOADS[inp.shape].format(i=i)),
         tma_descriptors=descs.rstrip("\n"),
         tma_loads=loads.rstrip("\n"),
     )

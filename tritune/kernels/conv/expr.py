@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from tritune.kernels.contraction.expr import Matmul
-from tritune.kernels.epilogue import BiasAdd, Epilogue, Gelu, Relu, Scale, epilogue_from_dict
+from tritune.kernels.epilogue import BiasAdd, Epilogue, Gelu, Relu, Scale, epilogue_from_dict, inputs_of
 from tritune.kernels.expr import INT32_MAX, ExprError, Keyed, check_fields
 
 Pair = tuple[int, int]
@@ -64,6 +64,8 @@ class Conv2d(Keyed):
         for name, least in (("stride", 1), ("padding", 0), ("dilation", 1)):
             object.__setattr__(self, name, pair(getattr(self, name), name, least))  # 2 -> (2, 2)
         object.__setattr__(self, "epilogue", tuple(self.epilogue))
+        if not all(isinstance(e, Epilogue) for e in self.epilogue) or inputs_of(self.epilogue):
+            raise ExprError("a conv2d epilogue is a sequence of steps without extra inputs (bias excepted)")
         if self.p < 1 or self.q < 1:
             raise ExprError(f"output size {self.p}x{self.q} <= 0: the {self.r}x{self.s} filter "
                             f"(dilation {self.dilation}) does not fit the padded {self.h}x{self.w} input")

@@ -6,9 +6,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from tritune.kernels.conv.expr import AWKWARD, Conv2d
-from tritune.kernels.epilogue import parse_epilogue
+from tritune.kernels.epilogue import apply
 from tritune.kernels.expr import DTYPE_BYTES, TOLERANCE, ExprError, check_dtype, check_options, parse_dims, torch_dtype
 from tritune.kernels.family import Family, Operands
+from tritune.kernels.pointwise import parse_epilogue
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits, Space
 
@@ -38,7 +39,7 @@ class Conv2dFamily(Family):
     @property
     def cli_help(self) -> str:
         return ("--shape N,H,W,C,K,R,S (or N,H,W,C,K,R for a square filter); --stride, --padding, "
-                "--dilation: h or h,w; --epilogue scale=A,bias,relu,gelu,gelu_tanh (bias over K)")
+                "--dilation: h or h,w; --epilogue: matmul's steps without extra inputs (bias over K)")
 
     def examples(self) -> tuple:
         return AWKWARD
@@ -51,7 +52,7 @@ class Conv2dFamily(Family):
         geometry = {name: parse_pair(options[name], name) for name in ("stride", "padding", "dilation")
                     if name in options}
         return Conv2d(n, h, w, c, k, r, dims[-1], dtype=dtype, **geometry,
-                      epilogue=parse_epilogue(options.get("epilogue", "")))
+                      epilogue=parse_epilogue(options.get("epilogue", ""), dtype))
 
     # ----- schedules and cost model
     def space(self, expr: Conv2d, limits: Limits) -> Space:
@@ -88,10 +89,7 @@ class Conv2dFamily(Family):
 
         x, f = (t.double().permute(0, 3, 1, 2) for t in args[:2])  # NCHW / KCRS views
         out = F.conv2d(x, f, None, expr.stride, expr.padding, expr.dilation).permute(0, 2, 3, 1)
-        bias = args[3].double() if expr.has_bias else None
-        for step in expr.epilogue:
-            out = step.reference(out, bias)
-        return out
+        return apply(expr.epilogue, out, args[3].double() if expr.has_bias else None)
 
     def eager(self, expr: Conv2d, x: Operands) -> Callable[[], Any]:
         """F.conv2d on channels_last views of the same bytes; a leading bias goes into the conv."""
@@ -108,9 +106,7 @@ class Conv2dFamily(Family):
 
         def run() -> Any:
             out = F.conv2d(inp, weight, fused, expr.stride, expr.padding, expr.dilation).permute(0, 2, 3, 1)
-            for step in rest:
-                out = step.reference(out, bias)
-            return out
+            return apply(rest, out, bias)
         return run
 
     def expression(self, expr: Conv2d) -> Callable[..., Any]:
@@ -124,9 +120,7 @@ class Conv2dFamily(Family):
         def run(x: Any, f: Any, out: Any, bias: Any = None) -> Any:
             y = F.conv2d(x.permute(0, 3, 1, 2), f.permute(0, 3, 1, 2), bias if lead else None,
                          expr.stride, expr.padding, expr.dilation).permute(0, 2, 3, 1)
-            for step in steps[1:] if lead else steps:
-                y = step.reference(y, bias)
-            return y
+            return apply(steps[1:] if lead else steps, y, bias)
         return run
 
     def tolerance(self, expr: Conv2d) -> float:

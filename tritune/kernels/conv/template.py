@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tritune.kernels.codegen import Binary, Launcher, divisibility, load_source
+from tritune.kernels.codegen import Binary, Launcher, divisibility, epilogue_source, load_source
 from tritune.kernels.conv.expr import Conv2d
 from tritune.schedules.config import Config
 
@@ -104,7 +104,7 @@ def source(expr: Conv2d) -> str:
         name=KERNEL_NAME, description=expr.describe(),
         bias_ptr=" BIAS," if expr.has_bias else "", bias_stride=" stride_bias," if expr.has_bias else "",
         bias_load=_BIAS_LOAD if expr.has_bias else "",
-        epilogue="".join(f"    {e.triton()}\n" for e in expr.epilogue),
+        epilogue=epilogue_source(expr.epilogue, "    "),
     )
 
 
