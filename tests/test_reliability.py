@@ -4,10 +4,12 @@ import os
 import random
 import re
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
 import time
+from collections import Counter
 from functools import partial
 from pathlib import Path
 
@@ -146,11 +148,13 @@ def test_two_devices_share_a_workload_and_a_lost_one_loses_nothing(fake_gpu, mon
     args = [sys.executable, "-m", "tritune", *tune(48, "--devices", "all", "--db", str(fake_gpu))]
     both = subprocess.run(args, env=dict(os.environ), capture_output=True, text=True, timeout=600)
     assert both.returncode == 0, both.stderr[-2000:]
-    shares = {int(d): int(n) for d, n in re.findall(r"GPU (\d+): (\d+)", both.stderr)}
-    assert set(shares) == {0, 1} and all(shares.values()) and sum(shares.values()) == 48
+    host = socket.gethostname()
+    shares = dict(re.findall(rf"({host}:\d): (\d+)", both.stderr))
     with Database(fake_gpu) as db:
         stored = db.trials(db.workloads()[0][0])
-    assert {r.message.rsplit(" ", 1)[-1] for r in stored} == {"0", "1"}  # which device measured each
+    measured_on = Counter(r.measured_on for r in stored)  # which device measured each, in the records
+    assert set(measured_on) == {f"{host}:0", f"{host}:1"} and sum(measured_on.values()) == 48
+    assert {name: int(n) for name, n in shares.items()} == measured_on  # as the run reported them
     monkeypatch.setenv("FAKE_GPU_LOSE", "1:5")
     lost = subprocess.run([*args[:-2], "--seed", "1", "--db", str(fake_gpu.with_name("lost.db"))],
                           env=dict(os.environ), capture_output=True, text=True, timeout=600)
@@ -158,7 +162,7 @@ def test_two_devices_share_a_workload_and_a_lost_one_loses_nothing(fake_gpu, mon
     with Database(fake_gpu.with_name("lost.db")) as db:
         stored = db.trials(db.workloads()[0][0])
     assert len(stored) == 48 and [r for r in stored if not r.ok] == []
-    assert sum(r.message.endswith("device 1") for r in stored) == 5
+    assert Counter(r.measured_on for r in stored)[f"{host}:1"] == 5
 
 
 def test_devices_that_are_not_there_or_malformed_are_one_line(fake_gpu):

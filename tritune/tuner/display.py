@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from typing import Any, Sequence
 
@@ -23,12 +24,32 @@ def rate(expr: Any, ms: float | None) -> str:
 
 
 def progress() -> Progress:
-    """A progress bar showing trials done, best so far and ETA."""
+    """A progress bar per workload showing trials done, best so far, ETA, and each GPU's rate."""
     return Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("best {task.fields[best]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-        console=console, transient=False,
+        TextColumn("{task.fields[devices]}"), console=console, transient=False,
     )
+
+
+class DeviceRates:
+    """Trials per second of each GPU that measures a workload, from its first result on."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, list[float]] = {}  # GPU name -> [first result's time, results]
+
+    def add(self, name: str) -> str:
+        """Count one result of GPU `name` ("host:index"; "" for none); the rates as one line (empty
+        while one GPU measures: the bar's own count says it)."""
+        now = time.monotonic()
+        if name:
+            self._seen.setdefault(name, [now, 0])[1] += 1
+        if len(self._seen) < 2:
+            return ""
+        hosts = {n.rpartition(":")[0] for n in self._seen}
+        return "per GPU: " + " ".join(  # one host: its GPUs by index
+            f"{n.rpartition(':')[2] if len(hosts) == 1 else n} {(k - 1) / max(now - t, 1e-9):.1f}/s"
+            for n, (t, k) in sorted(self._seen.items()))
 
 
 def config_text(result: MeasureResult) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import queue
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import replace
 from typing import Any
 
 from tritune.records.database import Database
@@ -24,12 +23,15 @@ class Stopped(Exception):
 class Measurer:
     """Takes (config, build future) pairs; each comes back as a future of its stored MeasureResult.
 
-    One thread per device (`runner.each` of a `Runners`, else the one runner), each with its own
-    database connection (SQLite connections belong to one thread), takes the next candidate whose
-    build is done and stores its result at once, so a killed run loses only the ones in flight. A
-    device whose worker cannot be started again gives its candidate back and its thread ends; the
-    other devices measure it. `best_ms` (the best median so far) lets the runners stop timing clear
-    losers early; the threads lower it themselves and the loop may too (results stored elsewhere).
+    One thread per device (`runner.each` of a `Runners`, else the one runner; a runner that measures
+    several candidates at once, a cluster's host, gets that many), each with its own database
+    connection (SQLite connections belong to one thread), takes the next candidate whose build is
+    done and stores its result at once, so a killed run loses only the ones in flight. A device
+    whose worker cannot be started again gives its candidate back and its thread ends; the other
+    devices measure it. A runner lent to the group mid-run joins. `best_ms` (the best median so far)
+    lets the runners stop timing clear losers early; the threads lower it themselves and the loop
+    may too (results stored elsewhere). Without `db_path` nothing is stored (a cluster's GPU host:
+    the tune-cli process that owns the database stores what it sends back).
     """
 
     def __init__(self, expr: Any, device: DeviceKey, builder: Any, runner: Any, db_path: Any,
@@ -37,21 +39,32 @@ class Measurer:
         self.expr, self.device, self.builder = expr, device, builder
         self.best_ms = best_ms
         self.watch = Stopwatch()  # compile_wait, measure, save: these threads' own phases
-        self.measured: dict[int | None, int] = {}  # results per device index
         self._db_path = db_path
         self._queue: queue.Queue = queue.Queue()
         self._pending: list = []
         self._lock = threading.Lock()
         self._closed = False
         self._stopping = threading.Event()
-        runners = getattr(runner, "each", [runner])
-        self._live = len(runners)
-        self._many = len(runners) > 1
-        # daemons: a run interrupted mid-measurement must not wait for a GPU to answer
-        self._threads = [threading.Thread(target=self._serve, args=(r,), name=f"tritune-measurer-{i}", daemon=True)
-                         for i, r in enumerate(runners)]
-        for thread in self._threads:
-            thread.start()
+        self._live = 0
+        self._threads: list[threading.Thread] = []
+        for each in getattr(runner, "each", [runner]):
+            self.add(each)
+        self._group = runner if hasattr(runner, "listen") else None
+        if self._group is not None:
+            self._group.listen(self.add)
+
+    def add(self, runner: Any) -> None:
+        """Measure on one more runner too, with as many threads as it measures candidates at once."""
+        with self._lock:
+            if self._closed or self._stopping.is_set():
+                return
+            for _ in range(getattr(runner, "parallel", 1)):
+                # daemons: a run interrupted mid-measurement must not wait for a GPU to answer
+                thread = threading.Thread(target=self._serve, args=(runner,), daemon=True,
+                                          name=f"tritune-measurer-{len(self._threads)}")
+                self._threads.append(thread)
+                self._live += 1
+                thread.start()
 
     def submit(self, config: Config, build: Any) -> Future:
         """Queue one candidate; the future resolves to its result once measured and stored."""
@@ -67,9 +80,11 @@ class Measurer:
         """Stop after the candidates in flight; nothing measured from now on is stored (the runners
         are about to be stopped, and a result caused by stopping one is not a real one)."""
         self._stopping.set()
+        if self._group is not None:
+            self._group.unlisten(self.add)
         for _ in self._threads:
             self._queue.put(None)
-        for thread in self._threads:
+        for thread in list(self._threads):
             thread.join(timeout=0.5)  # idle at the end of a run; mid-measurement on an interruption
 
     def _serve(self, runner: Any) -> None:
@@ -79,7 +94,8 @@ class Measurer:
             try:
                 if self._stopping.is_set():
                     raise Stopped()
-                db = db or Database(self._db_path, checked=True)  # the loop's connection has it open
+                if db is None and self._db_path is not None:
+                    db = Database(self._db_path, checked=True)  # the loop's connection has it open
                 # a candidate handed back by a lost device comes with its build's result
                 build = build if isinstance(build, BuildResult) else self.builder.result(build, config)
                 done.set_result(self._one(config, build, db, runner))
@@ -141,15 +157,11 @@ class Measurer:
         else:
             with self.watch("measure"):
                 result = runner.measure(self.expr, config, built.compile_s, best_ms=self.best_ms)
-            if self._many:  # which device measured it (devices of one key are compared, not mixed up)
-                result = replace(result, message=f"{result.message}; device {getattr(runner, 'device', None)}")
         if self._stopping.is_set():
             raise Stopped()
-        with self.watch("save"):
-            db.save(self.expr.key, self.device, [result])  # at once: a kill loses only the trials in flight
-        index = getattr(runner, "device", None)
-        with self._lock:
-            self.measured[index] = self.measured.get(index, 0) + 1
+        if db is not None:
+            with self.watch("save"):
+                db.save(self.expr.key, self.device, [result])  # at once: a kill loses only the trials in flight
         if result.ok:
             self.offer_best(result.t_median)
         return result

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import socket
+import threading
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 from tritune.records.result import MeasureResult, Status
@@ -92,10 +95,15 @@ class DeviceLost(WorkerDied):
 class Runner:
     """Measures candidates on the GPU through a restartable worker process."""
 
+    parallel = 1  # candidates it measures at once
+
     def __init__(self, timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
                  handlers: Callable[[Timing], dict] = gpu_handlers, device: int | None = None,
-                 watch: Stopwatch | None = None) -> None:
+                 watch: Stopwatch | None = None, host: str | None = None) -> None:
         self.timing, self.timeout_s, self.seed, self.device = timing, timeout_s, seed, device
+        self.host = host or socket.gethostname()  # who measured, in the records: "host:device"
+        self.lost = False  # its worker could not be started: the device is gone for this run
+        self._lock = threading.RLock()  # one request at a time (measuring threads may share a device)
         self._handlers = handlers  # replaceable so isolation is testable without a GPU
         self._ctx = mp.get_context("spawn")  # never fork a process that may hold a CUDA context
         self._proc: Any = None
@@ -111,6 +119,12 @@ class Runner:
     def restarts(self) -> int:
         """How many times a worker was replaced after a crash or timeout."""
         return max(0, self._starts - 1)
+
+    @property
+    def name(self) -> str:
+        """Which GPU this is, as trials record it: "host:index"."""
+        index = self.device if self.device is not None else self._info.get("device", 0)
+        return f"{self.host}:{index}"
 
     def start(self) -> None:
         """Start the worker without waiting for it to come up (the first request waits), so that
@@ -135,13 +149,17 @@ class Runner:
         try:
             status, self._info = self._answer(STARTUP_TIMEOUT_S, f"did not start within {STARTUP_TIMEOUT_S:.0f} s")
         except WorkerDied as died:
+            self.lost = True
             raise DeviceLost(died.status, f"GPU worker failed to start: {died}") from None
         if status != "ok":
             self._kill()
+            self.lost = True
             raise DeviceLost(Status.CRASH, f"GPU worker failed to start: {self._info['message']}")
 
     def _ensure(self) -> None:
         """A live worker that has answered its handshake, started (again) if there is none."""
+        if self.lost:
+            raise DeviceLost(Status.CRASH, f"GPU {self.name} is lost for this run")
         with self.watch("worker_start"):
             if self._proc is not None and self._awaiting:
                 self._handshake()
@@ -170,22 +188,27 @@ class Runner:
 
     def request(self, kind: str, payload: dict, timeout_s: float | None = None) -> tuple[str, Any]:
         """Send one request; raises WorkerDied (and drops the worker) on crash or timeout."""
-        self._ensure()
-        self._conn.send((kind, payload))
-        limit = timeout_s or self.timeout_s
-        answer = self._answer(limit, f"no answer within {limit:.0f} s (hang?); worker restarted", Status.TIMEOUT)
-        if answer[0] == "error" and answer[1]["status"] is Status.CRASH:
-            self._kill()
-        return answer
+        with self._lock:
+            self._ensure()
+            self._conn.send((kind, payload))
+            limit = timeout_s or self.timeout_s
+            answer = self._answer(limit, f"no answer within {limit:.0f} s (hang?); worker restarted", Status.TIMEOUT)
+            if answer[0] == "error" and answer[1]["status"] is Status.CRASH:
+                self._kill()
+            return answer
 
     def device_info(self) -> dict:
         """GPU facts of the current worker, from its start-up handshake (the parent never touches CUDA)."""
-        self._ensure()
+        with self._lock:
+            self._ensure()
         return self._info
 
     def measure(self, expr: Any, config: Config, compile_s: float = 0.0, best_ms: float | None = None) -> MeasureResult:
         """Check and time one built candidate (not timed in full once clearly slower than `best_ms`);
-        failures come back as results, never raised."""
+        failures come back as results, never raised; each says which GPU measured it."""
+        return replace(self._measure(expr, config, compile_s, best_ms), measured_on=self.name)
+
+    def _measure(self, expr: Any, config: Config, compile_s: float, best_ms: float | None) -> MeasureResult:
         try:
             status, data = self.request("measure", {"expr": expr, "config": config, "seed": self.seed,
                                                     "best_ms": best_ms})
@@ -193,7 +216,8 @@ class Runner:
             # a worker that cannot come back means the device is gone, not that the candidate broke
             # it: DeviceLost, and the candidate goes back to the queue (another device measures it)
             if not self._closed:
-                self._ensure()
+                with self._lock:
+                    self._ensure()
             return MeasureResult(config, died.status, compile_s=compile_s, message=str(died))
         for phase, seconds in (data.get("spent") or {}).items():
             self.watch.add(phase, seconds)
@@ -236,13 +260,34 @@ class Runner:
 
 
 class Runners:
-    """One runner per device, as one: the measurer measures on all of them at once; everything else
-    (device facts, the head-to-head) asks the first. Their check and timing seconds add up in one
-    stopwatch (device-seconds)."""
+    """Several runners (devices, or hosts of a cluster) as one: the measurer measures on all of them
+    at once; everything else (device facts, the head-to-head) asks the first. Their check and timing
+    seconds add up in one stopwatch (device-seconds). A runner lent mid-run (`lend`) joins the
+    measurers listening."""
 
-    def __init__(self, runners: list[Runner]) -> None:
-        self.each = runners
+    def __init__(self, runners: list[Any]) -> None:
+        self.each = list(runners)
         self.watch = runners[0].watch
+        self._listeners: list[Callable[[Any], None]] = []
+        self._lock = threading.Lock()
+
+    def lend(self, runner: Any) -> None:
+        """Add a runner to the group, and to the measurers measuring on it now."""
+        with self._lock:
+            self.each.append(runner)
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener(runner)
+
+    def listen(self, listener: Callable[[Any], None]) -> None:
+        """Be told of runners lent from now on."""
+        with self._lock:
+            self._listeners.append(listener)
+
+    def unlisten(self, listener: Callable[[Any], None]) -> None:
+        """No longer be told of runners lent."""
+        with self._lock:
+            self._listeners.remove(listener)
 
     @property
     def restarts(self) -> int:
@@ -250,10 +295,14 @@ class Runners:
         return sum(r.restarts for r in self.each)
 
     def device_info(self) -> dict:
-        return self.each[0].device_info()
+        return self._first().device_info()
 
     def head_to_head(self, expr: Any, config: Config) -> dict:
-        return self.each[0].head_to_head(expr, config)
+        return self._first().head_to_head(expr, config)
+
+    def _first(self) -> Any:
+        """The first runner that is not lost (else the first: it says why)."""
+        return next((r for r in self.each if not r.lost), self.each[0])
 
     def close(self, now: bool = False) -> None:
         for runner in self.each:

@@ -9,6 +9,8 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Callable, Iterator, Sequence
 
+from rich.progress import Progress
+
 from tritune.kernels.family import device_key
 from tritune.records.database import Database
 from tritune.schedules.space import Limits
@@ -20,6 +22,7 @@ from tritune.tuner.measure import Timing
 from tritune.tuner.prior import preload, prior_for
 from tritune.records.result import Status
 from tritune.tuner.runner import Runner, Runners, WorkerDied
+from tritune.tuner.spread import spread
 from tritune.tuner.tuner import Task, Tuner, best_of
 
 
@@ -38,6 +41,8 @@ class TuneOptions:
     prior: str = "all"  # what warm-starts the cost model: "all" (database + shipped), "db", "none"
     verbose: bool = False  # also print where the run's time went
     devices: tuple[int, ...] | str | None = None  # GPUs to measure on: indices, "all", or None (the first)
+    cluster: str | None = None  # a Dask scheduler's address: measure on its GPU hosts (`tune-cli worker`)
+    cluster_wait_s: float = 30.0  # how long to wait for a first GPU host to join the cluster
 
 
 def device_limits(info: dict) -> Limits:
@@ -120,9 +125,15 @@ def _same_gpus(runners: Runners) -> None:
 @contextmanager
 def gpu_session(options: TuneOptions, meanwhile: Callable[[], None] | None = None) -> Iterator[tuple[Runner, Builder]]:
     """One GPU worker and compile pool, for tuning one workload or several in turn (`meanwhile`
-    runs while they start); both are stopped at the end, at once if the run was interrupted or failed."""
-    runner, builder = start_gpu(timeout_s=options.timeout_s, seed=options.seed, workers=options.workers,
-                                meanwhile=meanwhile, devices=options.devices)
+    runs while they start); both are stopped at the end, at once if the run was interrupted or failed.
+    With `options.cluster`, the GPUs are the cluster's hosts (`tritune.tuner.cluster`)."""
+    if options.cluster:
+        from tritune.tuner.cluster import connect
+
+        runner, builder = connect(options.cluster, options.cluster_wait_s, meanwhile)
+    else:
+        runner, builder = start_gpu(timeout_s=options.timeout_s, seed=options.seed, workers=options.workers,
+                                    meanwhile=meanwhile, devices=options.devices)
     interrupted = True
     try:
         yield runner, builder
@@ -135,26 +146,31 @@ def gpu_session(options: TuneOptions, meanwhile: Callable[[], None] | None = Non
 def tune_all(exprs: Sequence[Any], db: Database, options: TuneOptions, trials: Sequence[int] | None = None,
              announce: Callable[[int, Any, int], None] | None = None,
              gpu: tuple[Runner, Builder] | None = None) -> list[dict]:
-    """Tune several workloads in turn on one GPU worker and compile pool (`gpu`, a started
+    """Tune several workloads on one session's GPUs and compile pool (`gpu`, a started
     `gpu_session`, else one started here: starting them costs seconds per workload otherwise),
-    each with its `trials` (default: the options'); their summaries. `announce(i, expr, trials)`
-    runs before each."""
+    each with its `trials` (default: the options'); their summaries, in order. Workloads come
+    largest first: each GPU (each host of a cluster) tunes one at a time, and once none waits, the
+    free ones join the last (`spread`). `announce(i, expr, trials)` runs as each starts."""
     if not exprs:
         return []
     if gpu is None:
         with gpu_session(options) as started:
             return tune_all(exprs, db, options, trials, announce, started)
     budgets = list(trials) if trials is not None else [options.trials] * len(exprs)
-    tasks = [device_task(expr, gpu[0].device_info()) for expr in exprs]
-    spaces = _enumerate_ahead(tasks[1:], gpu[1])
-    summaries = []
-    for i, (task, n) in enumerate(zip(tasks, budgets)):
+    runner, builder = gpu
+    tasks = [device_task(expr, runner.device_info()) for expr in exprs]
+    spaces = [None] + _enumerate_ahead(tasks[1:], builder)
+
+    def one(i: int, group: Runners) -> dict:
         if announce is not None:
-            announce(i, task.expr, n)
-        if i:
-            _take_valid(task, spaces[i - 1])
-        summaries.append(tune(task.expr, db, replace(options, trials=n), gpu, task))
-    return summaries
+            announce(i, tasks[i].expr, budgets[i])
+        if spaces[i] is not None:
+            _take_valid(tasks[i], spaces[i])
+        with Database(db.path, checked=True) as own:  # SQLite: a connection per thread
+            return tune(tasks[i].expr, own, replace(options, trials=budgets[i]), (group, builder), tasks[i], bar)
+
+    with display.progress() as bar:
+        return spread(one, budgets, getattr(runner, "each", [runner]))
 
 
 def valid_indices(task: Task) -> Any:
@@ -177,13 +193,14 @@ def _take_valid(task: Task, future: Any) -> None:
 
 
 def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Builder] | None = None,
-         task: Task | None = None) -> dict:
+         task: Task | None = None, bar: Progress | None = None) -> dict:
     """Tune `expr`, print progress and the final table, and return the summary numbers; `gpu` is a
     started `gpu_session` to reuse (else one is started for this workload alone), `task` the
-    expression's task on that GPU where already made."""
+    expression's task on that GPU where already made, `bar` a progress display to add a line to
+    (workloads tuned at once share one)."""
     if gpu is None:
         with gpu_session(options) as started:
-            return tune(expr, db, options, started, task)
+            return tune(expr, db, options, started, task, bar)
     start = time.time()
     runner, builder = gpu
     before = [w.snapshot() for w in _watches(runner, builder)]
@@ -194,7 +211,7 @@ def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Build
         return nothing
     strategy = make_strategy(options.strategy, task.space, seed=options.seed, features=task.featurize,
                              prior=prior_for(db, task, options.prior))
-    history, loop = _tune_loop(task, strategy, builder, runner, db, options)
+    history, loop = _tune_loop(task, strategy, builder, runner, db, options, bar)
     best = best_of(history)
     display.console.print(display.status_line(history) + f"; worker restarts: {runner.restarts}")
     if best is None:
@@ -238,27 +255,30 @@ def _watches(runner: Runner, builder: Builder) -> list[breakdown.Stopwatch]:
     return [getattr(x, "watch", None) or breakdown.Stopwatch() for x in (runner, builder)]
 
 
-def _tune_loop(task: Task, strategy, builder, runner, db, options: TuneOptions) -> tuple[list, dict]:
+def _tune_loop(task: Task, strategy, builder, runner, db, options: TuneOptions,
+               bar: Progress | None = None) -> tuple[list, dict]:
+    if bar is None:
+        with display.progress() as own:
+            return _tune_loop(task, strategy, builder, runner, db, options, own)
     expr = task.expr
-    with display.progress() as bar:
-        job = bar.add_task(expr.describe(), total=options.trials, best="-")
-        state = {"best": None}
+    job = bar.add_task(expr.describe(), total=options.trials, best="-", devices="")
+    state, rates = {"best": None}, display.DeviceRates()
 
-        def on_result(result) -> None:
-            if result.ok and (state["best"] is None or result.t_median < state["best"]):
-                state["best"] = result.t_median
-            best = display.rate(expr, state["best"]) if state["best"] else "-"
-            bar.update(job, advance=1, best=best)
+    def on_result(result) -> None:
+        if result.ok and (state["best"] is None or result.t_median < state["best"]):
+            state["best"] = result.t_median
+        best = display.rate(expr, state["best"]) if state["best"] else "-"
+        bar.update(job, advance=1, best=best, devices=rates.add(result.measured_on))
 
-        tuner = Tuner(task, strategy, builder, runner, db, options.batch_size, options.early_stop,
-                      options.faults, on_result)
-        history = tuner.run(options.trials)
-        if len(tuner.per_device) > 1:  # each device's share of the measurements
-            bar.console.print("measured per device: " + ", ".join(
-                f"GPU {d}: {n}" for d, n in sorted(tuner.per_device.items(), key=lambda kv: str(kv[0]))))
-        if tuner.stored:
-            bar.console.print(f"resumed: {len(tuner.stored)} trials were already stored")
-            bar.update(job, completed=len(history))
+    tuner = Tuner(task, strategy, builder, runner, db, options.batch_size, options.early_stop,
+                  options.faults, on_result)
+    history = tuner.run(options.trials)
+    if len(tuner.per_device) > 1:  # each GPU's share of the measurements
+        bar.console.print(f"{expr.describe()}: measured per GPU: " + ", ".join(
+            f"{name}: {n}" for name, n in sorted(tuner.per_device.items())))
+    if tuner.stored:
+        bar.console.print(f"resumed: {len(tuner.stored)} trials were already stored")
+        bar.update(job, completed=len(history))
     return history, tuner.watch.snapshot()
 
 

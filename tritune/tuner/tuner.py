@@ -1,6 +1,7 @@
 """Tuner: owns the loop propose -> build -> measure -> store -> update, its budget and stopping."""
 from __future__ import annotations
 
+from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from functools import cached_property
@@ -81,7 +82,7 @@ class Tuner:
         self.faults = list(faults)  # test hook: the first candidates are built broken
         self.on_result = on_result or (lambda r: None)
         self.stored: list[MeasureResult] = []
-        self.per_device: dict[int | None, int] = {}  # candidates measured on each device (index)
+        self.per_device: Counter[str] = Counter()  # candidates this tuner measured on each GPU ("host:index")
         self.owner = owner_id()
         self.watch = Stopwatch()  # where the loop's time goes
 
@@ -103,12 +104,13 @@ class Tuner:
                 if not inflight:
                     break
                 result = self._next(inflight)
+                if result.measured_on:
+                    self.per_device[result.measured_on] += 1
                 with self.watch("learn"):
                     self._learn([result])
                 history.append(result)
         finally:
             measurer.close()
-            self.per_device = dict(measurer.measured)
             self._release()
             for phase, seconds in measurer.watch.spent.items():
                 self.watch.add(phase, seconds)

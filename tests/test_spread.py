@@ -1,0 +1,99 @@
+"""A model's workloads spread over devices: each device tunes one workload at a time, largest first;
+free devices join the last; a workload whose devices are lost goes back to the queue."""
+import threading
+from functools import partial
+
+import pytest
+
+from fakes import FakeBuilder
+from tritune.records.database import Database
+from tritune.records.result import Status
+from tritune.tuner import session
+from tritune.tuner.cli import make_expr
+from tritune.tuner.runner import DeviceLost, Runner
+from tritune.tuner.spread import spread
+
+
+class Device:
+    def __init__(self, name):
+        self.name, self.lost, self.watch = name, False, None
+
+
+def scripted(script):
+    """A `run` for `spread` that records each workload's runners when it starts and ends, and ends
+    each when the test says (`script[i]`: an event, or a device to lose)."""
+    seen = {}
+
+    def run(i, group):
+        seen.setdefault(i, []).append([r.name for r in group.each])
+        step = script[i].pop(0) if isinstance(script[i], list) else script[i]
+        if isinstance(step, Device):
+            step.lost = True
+            raise DeviceLost(Status.CRASH, f"{step.name} fell off the bus")
+        step.wait(10)
+        seen[i].append([r.name for r in group.each])
+        return f"done {i}"
+    return run, seen
+
+
+def test_each_device_takes_the_next_workload_and_free_ones_join_the_last():
+    devices = [Device("a"), Device("b")]
+    gates = [threading.Event() for _ in range(3)]
+    run, seen = scripted(gates)
+    out = []
+    thread = threading.Thread(target=lambda: out.append(spread(run, [30, 20, 10], devices)))
+    thread.start()
+    _until(lambda: len(seen) == 2)
+    assert seen == {0: [["a"]], 1: [["b"]]}  # the two largest at once, one device each
+    gates[1].set()
+    _until(lambda: 2 in seen)
+    assert seen[2] == [["b"]]  # the device that came free takes the next waiting workload
+    gates[2].set()
+    _until(lambda: len(devices) and seen[2][-1] == ["b"] and len(seen[2]) == 2)
+    gates[0].set()
+    thread.join(10)
+    assert out == [["done 0", "done 1", "done 2"]]
+    assert seen[0][-1] == ["a", "b"]  # with none waiting, the free device joined the last one running
+
+
+def test_a_workload_whose_device_is_lost_goes_back_and_none_left_is_device_lost():
+    devices = [Device("a"), Device("b")]
+    go = threading.Event()
+    go.set()
+    run, seen = scripted([[devices[0], go], go])  # workload 0 loses device a, then runs on b
+    assert spread(run, [2, 1], devices) == ["done 0", "done 1"]
+    assert seen[0] == [["a"], ["b"], ["b"]]
+    alone = [Device("c")]
+    run, _ = scripted([[alone[0]]])
+    with pytest.raises(DeviceLost, match="c fell off the bus"):
+        spread(run, [1], alone)
+
+
+def _until(condition, timeout=10.0):
+    import time
+
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline
+        time.sleep(0.01)
+
+
+def test_a_models_workloads_over_two_stand_in_gpus(monkeypatch, tmp_path):
+    """Three workloads, two (stand-in) GPU processes: every workload gets its trials, each once,
+    and the records say which device measured each trial (which one when is the scheduler's
+    business, tested above: here it depends on timing)."""
+    import fake_gpu
+
+    monkeypatch.setenv("FAKE_GPU_DEVICES", "2")
+    monkeypatch.setenv("FAKE_GPU_MS", "5")
+    monkeypatch.setattr(session, "Runner", partial(Runner, handlers=fake_gpu.handlers))
+    monkeypatch.setattr(session, "Builder", lambda *args, **kwargs: FakeBuilder())
+    exprs = [make_expr("matmul", s, "fp16") for s in ("512,256,1024", "256,256,512", "128,256,256")]
+    options = session.TuneOptions(trials=12, batch_size=4, strategy="random", devices="all")
+    with Database(tmp_path / "t.db") as db:
+        out = session.tune_all(exprs, db, options, trials=[16, 8, 8])
+        stored = [db.trials(e.key) for e in exprs]
+    assert [s["trials"] for s in out] == [16, 8, 8] and all(s["best_config"] for s in out)
+    assert [len({r.config for r in trials}) for trials in stored] == [16, 8, 8]
+    names = {r.measured_on for trials in stored for r in trials if r.status is not Status.COMPILE_ERROR}
+    assert len(names) == 2 and all(n.endswith((":0", ":1")) for n in names)  # a compile error met no GPU
