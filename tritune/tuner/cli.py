@@ -95,11 +95,12 @@ db_option = click.option("--db", "db_path", default=None, help=f"tuning database
 @click.option("--shape", required=True, help="the workload's sizes, in the op's format (listed below)")
 @click.option("--dtype", default="fp16", show_default=True, help=f"one of {', '.join(DTYPES)}")
 @click.option("--layout", default=None, help="matmul/bmm operand layouts: nn (default), nt, tn, tt")
-@click.option("--epilogue", default=None, help="fused steps, e.g. 'scale=0.5,bias,relu' (bias, relu, gelu, gelu_tanh)")
+@click.option("--epilogue", default=None, help="fused elementwise steps, e.g. 'scale=0.5,bias,gelu_tanh,residual' (grammar per op below)")
 @click.option("--stride", default=None, help="conv2d: S or SH,SW")
 @click.option("--padding", default=None, help="conv2d: P or PH,PW")
 @click.option("--dilation", default=None, help="conv2d: D or DH,DW")
 @click.option("--eps", default=None, help="layernorm: the epsilon [default: 1e-5]")
+@click.option("--activation", default=None, help="gated: the gate's activation, silu (SwiGLU, default), gelu or gelu_tanh (GeGLU)")
 @click.option("--trials", default=128, show_default=True, type=click.IntRange(1), help="measurements in total for this workload")
 @click.option("--strategy", default="sa", show_default=True, help=f"one of {', '.join(sorted(REGISTRY))}")
 @click.option("--seed", default=0, show_default=True, type=int)
@@ -115,13 +116,13 @@ db_option = click.option("--db", "db_path", default=None, help=f"tuning database
 @click.option("--verbose", is_flag=True, help="also show where the run's time went (it is in --summary-json too)")
 @click.option("--inject-fault", "faults", multiple=True, type=click.Choice(FAULTS), hidden=True)
 @db_option
-def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, trials, strategy, seed, prior, batch_size,
+def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, activation, trials, strategy, seed, prior, batch_size,
         early_stop, timeout, workers, devices, summary_json, verbose, faults, db_path) -> None:
     """Tune one workload on this GPU and store every trial."""
     from tritune.tuner.session import TuneOptions, tune
 
     expr = make_expr(op, shape, dtype, layout=layout, epilogue=epilogue, stride=stride, padding=padding,
-                     dilation=dilation, eps=eps)
+                     dilation=dilation, eps=eps, activation=activation)
     if strategy not in REGISTRY:
         raise UsageError(f"unknown strategy {strategy!r}; known: {', '.join(sorted(REGISTRY))}")
     options = TuneOptions(trials, strategy, seed, batch_size, early_stop, timeout, workers, tuple(faults), prior, verbose,
