@@ -1,7 +1,9 @@
 """Compiled kernels of every op family against a float64 reference on the GPU: every dtype (bf16
-included, which the interpreter computes wrongly), awkward shapes, layouts, batch, every epilogue,
-and every knob of the contraction template (split-K, TMA loads, persistent loop, warp
-specialisation).
+included, which the interpreter computes wrongly), awkward shapes, layouts, batch, every epilogue
+(general ones with every extra input kind: residual, row and column vectors, constants, a nested
+chain), every knob of the contraction template (split-K, TMA loads, persistent loop, warp
+specialisation) with them, and the gated dual GEMM with every activation, both ways of feeding its
+MMA (FUSE), both weight layouts and biases.
 
 Families other than matmul contribute their examples (`Family.examples()`), each run with a few
 seeded random configs of its space. Every library candidate (`Family.libraries`: mm / addmm /
@@ -25,7 +27,8 @@ import torch
 
 from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.device import device_info
-from tritune.kernels.epilogue import BiasAdd, Gelu, Relu, Scale
+from tritune.kernels.epilogue import Binary, BiasAdd, Clamp, Gelu, Input, Relu, Scale, Unary
+from tritune.kernels.gated.expr import ACTIVATIONS, Gated
 from tritune.kernels.family import REGISTRY, family
 from tritune.records.result import Status
 from tritune.schedules.config import Config
@@ -38,6 +41,11 @@ from tritune.tuner.session import device_target
 SHAPES = [(1, 1, 4096, 4096), (1, 37, 29, 53), (3, 129, 257, 67), (2, 1000, 1, 300), (1, 3000, 5000, 1000)]
 EPILOGUES = [(), (BiasAdd(),), (Scale(0.125),), (Relu(),), (Gelu(),), (Gelu("tanh"),),
              (Scale(0.5), BiasAdd(), Gelu("tanh"))]
+# general epilogues: a residual after bias + GELU; row and column scales around silu; x*sigmoid(x)
+# as a nested chain, a clamp and a reversed subtraction of a residual; bf16 and fp32 inputs
+GENERAL = [(BiasAdd(), Gelu("tanh"), Binary("add", Input("mn", "bf16"))),
+           (Binary("mul", Input("m", "fp32")), Unary("silu"), Binary("add", Input("n", "fp16"))),
+           (Scale(0.1), Binary("mul", (Unary("sigmoid"),)), Clamp(-1.0, 2.0), Binary("rsub", Input("mn", "fp32")))]
 TILE = Config.of(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, UNROLL=1)
 SMALL = Config.of(BLOCK_M=16, BLOCK_N=64, BLOCK_K=32, GROUP_M=1, num_warps=4, num_stages=4, UNROLL=2)
 KNOBS = [dict(SPLIT_K=4), dict(TMA=1), dict(TMA=2, PERSISTENT=1), dict(PERSISTENT=2), dict(TMA=2, SPLIT_K=3),
@@ -69,6 +77,30 @@ def matmul_cases() -> list:
     return out
 
 
+def general_cases() -> list:
+    """Every general epilogue with every knob of the template (dtypes rotating), batched where the
+    knob allows, and the gated dual GEMM: every activation x dtype x FUSE, layouts and biases rotating."""
+    out = []
+    dtypes = itertools.cycle(("fp16", "bf16", "fp32"))
+    for epi, knobs in itertools.product(GENERAL, [{}] + KNOBS):
+        dtype = next(dtypes)
+        if "WARP_SPEC" in knobs and dtype == "fp32":
+            dtype = "bf16"  # Triton cannot specialise a tf32 dot
+        big = "PERSISTENT" in knobs or "WARP_SPEC" in knobs
+        expr = Matmul(1000, 520, 1576, batch=1 if "PERSISTENT" in knobs else 2, dtype=dtype, epilogue=epi)
+        tile = TILE.replace(BLOCK_K=32 if dtype == "fp32" else 64)
+        out.append((expr, tile.replace(**knobs) if big else SMALL.replace(UNROLL=1, **knobs)))
+    layouts = itertools.cycle((True, False))
+    for (act, dtype, fuse), bias in zip(itertools.product(ACTIVATIONS, ("fp16", "bf16", "fp32"), (0, 1)),
+                                       itertools.cycle((False, True, True))):
+        if fuse and dtype == "fp32":
+            continue  # joined fp32 tiles do not compile: the space never offers them
+        expr = Gated(1000, 520, 1576, dtype=dtype, activation=act, trans_b=next(layouts), bias=bias)
+        tile = TILE.replace(BLOCK_K=32 if dtype == "fp32" else 64, FUSE=fuse, UNROLL=1)
+        out.append((expr, tile if bias else SMALL.replace(FUSE=fuse)))
+    return out
+
+
 def family_cases(limits: Limits, per_expr: int) -> list:
     """The examples of every other family, each with seeded random configs of its space."""
     out = []
@@ -83,8 +115,8 @@ def family_cases(limits: Limits, per_expr: int) -> list:
 
 def library_cases() -> list:
     """Every library candidate of the epilogue cases and of every other family's examples."""
-    exprs = [Matmul(77, 95, 130, batch=b, dtype=d, epilogue=e)
-             for e, d, b in itertools.product(EPILOGUES + [(BiasAdd(), Relu())], ("fp16", "bf16", "fp32"), (1, 2))]
+    exprs = [Matmul(77, 95, 130, batch=b, dtype=d, epilogue=e) for e, d, b in
+             itertools.product(EPILOGUES + GENERAL + [(BiasAdd(), Relu())], ("fp16", "bf16", "fp32"), (1, 2))]
     exprs += [e for op in REGISTRY if op not in ("matmul", "bmm") for e in family(op).examples()]
     return [(e, Config.of(library=name)) for e in exprs for name in family(e.op).libraries(e)]
 
@@ -181,7 +213,7 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     props = torch.cuda.get_device_properties(0)
     limits = Limits(props.shared_memory_per_block_optin, props.multi_processor_count)
-    pairs = matmul_cases() + family_cases(limits, args.per_expr) + library_cases()
+    pairs = matmul_cases() + general_cases() + family_cases(limits, args.per_expr) + library_cases()
     precompile(pairs)
     rows = []
     for i, (expr, config) in enumerate(pairs):

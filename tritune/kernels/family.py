@@ -30,6 +30,7 @@ REGISTRY = {
     "conv2d": "tritune.kernels.conv.family:CONV2D",
     "softmax": "tritune.kernels.rows.family:SOFTMAX",
     "layernorm": "tritune.kernels.rows.family:LAYERNORM",
+    "gated": "tritune.kernels.gated.family:GATED",
 }
 # files of tritune/kernels that shape every family's binaries
 SHARED_SOURCES = ("codegen.py", "expr.py", "epilogue.py")

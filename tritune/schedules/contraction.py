@@ -74,7 +74,7 @@ def wgmma(config: Config) -> bool:
     return config["BLOCK_M"] % 64 == 0 and compute_warps(config) % 4 == 0
 
 
-def shared_estimate(config: Config, element_bytes: int) -> int:
+def shared_estimate(config: Config, element_bytes: int, b_tiles: int = 1) -> int:
     """Shared memory of a build: the software pipeline, its barriers and the epilogue's staging
     (checked against sm_90 builds of Triton 3.6 and 3.9; recorded spaces, 13,689 builds).
 
@@ -87,13 +87,13 @@ def shared_estimate(config: Config, element_bytes: int) -> int:
     plus barriers. What remains is layout-conversion scratch, counted as an upper bound (up to
     16 KB above the builds): unrolled warp-group loops took up to 512 bytes per warp, and a
     flattened persistent loop, whose buffers stay live through the epilogue, up to 4 KB per warp
-    (never more than a tile).
+    (never more than a tile). `b_tiles`: weight tiles loaded per step (2 for the gated dual GEMM).
     """
     bm, bn, warps = config["BLOCK_M"], config["BLOCK_N"], config["num_warps"]
     tma, persistent, unroll = config.get("TMA", 0), config.get("PERSISTENT", 0), config["UNROLL"]
     warp_group_mma = wgmma(config)
     steps = (config["num_stages"] - (not warp_group_mma)) * unroll
-    pipeline = steps * ((bm + bn) * config["BLOCK_K"] * element_bytes + 8 * bool(tma))
+    pipeline = steps * ((bm + b_tiles * bn) * config["BLOCK_K"] * element_bytes + 8 * bool(tma))
     out = bm * bn * element_bytes
     if config.get("WARP_SPEC", 0):
         return pipeline + (out if tma == 2 else max(16384, 64 * bn * element_bytes) + 512)
@@ -107,18 +107,19 @@ def shared_estimate(config: Config, element_bytes: int) -> int:
 
 
 def contraction_space(m: int, n: int, k: int, element_bytes: int, limits: Limits, batch: int = 1,
-                 tma: int = 0) -> Space:
+                 tma: int = 0, b_tiles: int = 1) -> Space:
     """The space for a (batch of) M x N x K contraction; constraints prune what cannot run or is
-    redundant. `tma`: the largest TMA value the layout allows (1: loads, 2: the store too).
+    redundant. `tma`: the largest TMA value the layout allows (1: loads, 2: the store too);
+    `b_tiles`: B tiles (and accumulators) per step, 2 for a dual GEMM sharing A.
     """
-    p = _Problem(m, n, k, element_bytes, batch, limits)
+    p = _Problem(m, n, k, element_bytes, batch, limits, b_tiles=b_tiles)
     return Space(KNOBS + EXTENSIONS, (p.tile_fits, p.not_too_small, p.registers, p.k_step_too_small,
                                       p.not_redundant, p.split_k, p.tma(tma), p.shared, p.persistent,
                                       p.warp_spec))
 
 
-def _acc_overflow(c: Config, warps: int) -> str | None:
-    per_thread = c["BLOCK_M"] * c["BLOCK_N"] // (32 * warps)
+def _acc_overflow(c: Config, warps: int, accumulators: int) -> str | None:
+    per_thread = accumulators * c["BLOCK_M"] * c["BLOCK_N"] // (32 * warps)
     budget = acc_budget(warps)
     return f"{per_thread} accumulator registers per thread > {budget}" if per_thread > budget else None
 
@@ -139,6 +140,7 @@ class _Problem:
     batch: int
     limits: Limits
     min_dim: int = 16  # tl.dot needs every tile dimension >= 16
+    b_tiles: int = 1  # B tiles loaded, and accumulators held, per step
 
     def tiles(self, c: Config) -> int:
         return -(-self.m // c["BLOCK_M"]) * -(-self.n // c["BLOCK_N"])
@@ -153,7 +155,7 @@ class _Problem:
     @reads("BLOCK_M", "BLOCK_N")
     def not_too_small(self, c: Config) -> str | None:
         bm, bn = c["BLOCK_M"], c["BLOCK_N"]
-        if 2 * bm * bn > MAX_TILE:
+        if 2 * bm * bn * self.b_tiles > MAX_TILE:
             return None  # no feasible larger tile
         tiles_m, tiles_n = -(-self.m // bm), -(-self.n // bn)
         enough = -(-MIN_WAVES_TO_SHRINK * self.limits.sms // self.batch)  # programs per batch entry
@@ -168,11 +170,11 @@ class _Problem:
     def registers(self, c: Config) -> str | None:
         # read before WARP_SPEC is chosen: a 4-warp program may yet be specialised to 8 compute
         # warps (warp_spec checks again once it is known)
-        return _acc_overflow(c, WS_COMPUTE_WARPS if c["num_warps"] == WS_WARPS else c["num_warps"])
+        return _acc_overflow(c, WS_COMPUTE_WARPS if c["num_warps"] == WS_WARPS else c["num_warps"], self.b_tiles)
 
     @reads(*(k.name for k in KNOBS + EXTENSIONS))
     def shared(self, c: Config) -> str | None:
-        need = shared_estimate(c, self.element_bytes)
+        need = shared_estimate(c, self.element_bytes, self.b_tiles)
         return f"shared memory {need} > {self.limits.shared_bytes}" if need > self.limits.shared_bytes else None
 
     @reads("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "UNROLL", "SPLIT_K")
@@ -180,7 +182,7 @@ class _Problem:
         deeper = c.replace(BLOCK_K=2 * c["BLOCK_K"])
         if deeper["BLOCK_K"] > MAX_BLOCK_K or _trips(self, c, deeper["BLOCK_K"]) < 2 * c["num_stages"]:
             return None  # a deeper step is impossible or would starve the pipeline of iterations
-        if shared_estimate(deeper, self.element_bytes) > self.limits.shared_bytes:
+        if shared_estimate(deeper, self.element_bytes, self.b_tiles) > self.limits.shared_bytes:
             return None
         return "a K step twice as deep would still fill the pipeline and fit in shared memory"
 
@@ -226,7 +228,7 @@ class _Problem:
         # loops and 64 x 256 tiles fail to compile; tiles under 64 rows are left unspecialised;
         # deep pipelines compile but compute nothing
         if not c.get("WARP_SPEC", 0):
-            return _acc_overflow(c, c["num_warps"])
+            return _acc_overflow(c, c["num_warps"], self.b_tiles)
         if self.element_bytes != 2 or not c.get("TMA", 0) or c["num_warps"] != WS_WARPS or c["UNROLL"] > 1:
             return "warp specialisation needs 16-bit operands, TMA loads, 4 warps and no unrolling"
         if c.get("SPLIT_K", 1) > 1 or c.get("PERSISTENT", 0) == 2:

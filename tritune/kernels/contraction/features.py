@@ -43,8 +43,8 @@ def epilogue_cost(expr: Matmul) -> tuple[int, float, int]:
     return len(steps), read, sum(i.shape == "mn" for i in expr.inputs)
 
 
-def config_features(expr: Matmul, limits: Limits, c: Config) -> list[float]:
-    """One feature row (see FEATURE_NAMES)."""
+def config_features(expr: Matmul, limits: Limits, c: Config, b_tiles: int = 1) -> list[float]:
+    """One feature row (see FEATURE_NAMES); `b_tiles` B tiles and accumulators per step (2: a dual GEMM)."""
     bm, bn, bk, warps = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], compute_warps(c)
     eb = DTYPE_BYTES[expr.dtype]
     split, tma, persistent = c.get("SPLIT_K", 1), c.get("TMA", 0), c.get("PERSISTENT", 0)
@@ -53,12 +53,12 @@ def config_features(expr: Matmul, limits: Limits, c: Config) -> list[float]:
     if persistent:
         programs = min(programs, limits.sms)
     waves = programs / limits.sms
-    shared = shared_estimate(c, eb)
-    acc = bm * bn / (32 * warps)
+    shared = shared_estimate(c, eb, b_tiles)
+    acc = b_tiles * bm * bn / (32 * warps)
     # operand tiles of the unrolled steps in flight, in 4-byte registers per thread: with the
     # accumulator, what decides whether a program spills (H100: 256x64x32 tiles with unroll 4 ran
     # 7x faster on 8 warps than on 4)
-    operand = c["UNROLL"] * (bm + bn) * bk * eb / (4 * 32 * warps)
+    operand = c["UNROLL"] * (bm + b_tiles * bn) * bk * eb / (4 * 32 * warps)
     by_regs = REGS_PER_SM // (32 * warps * (acc + RESERVED_REGS))
     per_sm = max(0, min(limits.shared_bytes // max(shared, 1), by_regs, 64 // warps))
     epi_steps, epi_bytes, epi_tiles = epilogue_cost(expr)
@@ -79,8 +79,8 @@ def config_features(expr: Matmul, limits: Limits, c: Config) -> list[float]:
     ]
 
 
-def features(expr: Matmul, limits: Limits, configs: Sequence[Config]) -> np.ndarray:
+def features(expr: Matmul, limits: Limits, configs: Sequence[Config], b_tiles: int = 1) -> np.ndarray:
     """Feature matrix, one row per config."""
-    return np.array([config_features(expr, limits, c) for c in configs], dtype=np.float32).reshape(
+    return np.array([config_features(expr, limits, c, b_tiles) for c in configs], dtype=np.float32).reshape(
         len(configs), len(FEATURE_NAMES))
 

@@ -13,7 +13,8 @@ from tritune.kernels.contraction.expr import Matmul
 
 KERNEL_NAME = "tritune_matmul"
 
-_TEMPLATE = '''\
+# The head of every generated GEMM source (the gated family's too): imports and the grouped tile order.
+PRELUDE = '''\
 import triton
 import triton.language as tl
 
@@ -25,7 +26,9 @@ def _tile_of(tile, grid_m, grid_n, GROUP_M: tl.constexpr):
     first_m = (tile // width) * GROUP_M
     group_m = min(grid_m - first_m, GROUP_M)
     return first_m + (tile % width) % group_m, (tile % width) // group_m
+'''
 
+_TEMPLATE = PRELUDE + '''
 
 @triton.jit
 def _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,

@@ -1,0 +1,74 @@
+"""Specialise and launch a generated gated dual-GEMM kernel (see contraction.launch for why a
+`Problem` holds the ints and pointer alignment a binary assumes)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from tritune.kernels.codegen import Binary, Launcher, divisibility
+from tritune.kernels.gated import template
+from tritune.kernels.gated.expr import Gated
+from tritune.schedules.config import Config
+
+# Replay's last resort: valid for any dual GEMM.
+DEFAULT = Config.of(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3, UNROLL=1, FUSE=0)
+POINTERS = ("X", "W1", "W2", "C", "B1", "B2")
+INTS = ("M", "N", "K", "stride_xm", "stride_xk", "stride_wk", "stride_wn", "stride_cm", "stride_cn", "stride_b")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The integer arguments of one launch (INTS) and the 16-byte alignment of its pointers (POINTERS)."""
+
+    ints: tuple[int, ...]
+    aligned: tuple[bool, ...]
+
+
+def canonical_problem(expr: Gated) -> Problem:
+    """The problem of freshly allocated operands: x [M, K], weights [N, K] (or [K, N]), out [M, N]."""
+    m, n, k = expr.m, expr.n, expr.k
+    w = (1, k) if expr.trans_b else (n, 1)  # the weights' strides as a [K, N] operand
+    return Problem((m, n, k, k, 1, *w, n, 1, 1 if expr.bias else 0), (True,) * 6)
+
+
+def problem_of(expr: Gated, x: Any, w1: Any, w2: Any, c: Any, b1: Any = None, b2: Any = None) -> Problem:
+    """The problem of concrete tensors; both weights (and both biases) must share their strides."""
+    if w1.stride() != w2.stride() or (expr.bias and b1.stride() != b2.stride()):
+        raise ValueError("the two weights (and the two biases) must have the same strides")
+    ws = w1.stride()
+    stride_wk, stride_wn = (ws[1], ws[0]) if expr.trans_b else ws
+    pointers = (x, w1, w2, c, b1 if expr.bias else c, b2 if expr.bias else c)
+    ints = (expr.m, expr.n, expr.k, *x.stride(), stride_wk, stride_wn, *c.stride(), b1.stride(0) if expr.bias else 0)
+    return Problem(ints, tuple(t.data_ptr() % 16 == 0 for t in pointers))
+
+
+def constexprs(expr: Gated, config: Config) -> dict[str, Any]:
+    """Compile-time parameters of the template for one config."""
+    return {
+        **{knob: config[knob] for knob in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "UNROLL", "FUSE")},
+        "EVEN_K": expr.k % config["BLOCK_K"] == 0,
+        "DOT_PRECISION": "ieee" if expr.dtype == "fp32" and not expr.tf32 else "tf32",
+    }
+
+
+def binary(expr: Gated, config: Config, problem: Problem) -> Binary:
+    """What the candidate's binary is built from, ints specialised as the matmul family does."""
+    pointers = tuple((name, expr.dtype, aligned) for name, aligned in zip(POINTERS, problem.aligned))
+    ints = tuple((name, v, divisibility(v)) for name, v in zip(INTS, problem.ints))
+    options = (("num_warps", config["num_warps"]), ("num_stages", config["num_stages"]))
+    return Binary(template.load(expr), pointers, ints, tuple(constexprs(expr, config).items()), options)
+
+
+def grid(expr: Gated, config: Config) -> tuple[int, int, int]:
+    """Launch grid: one program per output tile."""
+    return (-(-expr.m // config["BLOCK_M"]) * -(-expr.n // config["BLOCK_N"]), 1, 1)
+
+
+def launcher(expr: Gated, config: Config, problem: Problem, target: Any = None) -> Callable[..., None]:
+    """The candidate bound to one problem: call it with (x, w1, w2, out[, b1, b2]) to launch once."""
+    launch = Launcher(binary(expr, config, problem), grid(expr, config), target)
+    bias = expr.bias
+
+    def run(x: Any, w1: Any, w2: Any, c: Any, b1: Any = None, b2: Any = None) -> None:
+        launch(x, w1, w2, c, b1 if bias else c, b2 if bias else c)
+    return run

@@ -1,0 +1,82 @@
+"""Triton source of the gated dual GEMM, generated from a Gated expression.
+
+Each program computes one [BLOCK_M, BLOCK_N] tile of both products from one walk over K: every
+step loads the x tile once and the W1 and W2 tiles beside it. FUSE=0 feeds two accumulators with
+two MMAs; FUSE=1 joins the two weight tiles into one [BLOCK_K, 2*BLOCK_N] tile (columns
+interleaved: g0 u0 g1 u1 ...) and issues one MMA twice as wide, split again after the loop. The
+bias, the activation and the product run on the fp32 tiles before the one store.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from tritune.kernels.codegen import Emitter, load_source
+from tritune.kernels.contraction.template import PRELUDE
+from tritune.kernels.gated.expr import Gated
+
+KERNEL_NAME = "tritune_gated"
+
+_TEMPLATE = PRELUDE + '''
+
+@triton.jit
+def {name}(
+    X, W1, W2, C, B1, B2,
+    M, N, K, stride_xm, stride_xk, stride_wk, stride_wn, stride_cm, stride_cn, stride_b,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSE: tl.constexpr,
+):
+    # {description}
+    pid_m, pid_n = _tile_of(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    # rows/columns past the edge wrap onto valid ones, so the K loop needs no M/N masks; the
+    # store is masked, so the duplicates are never written
+    x_ptrs = X + (offs_m % M)[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    w_offs = offs_k[:, None] * stride_wk + (offs_n % N)[None, :] * stride_wn
+    if FUSE:
+        acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+    else:
+        g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in tl.range(0, tl.cdiv(K, BLOCK_K), loop_unroll_factor=UNROLL):
+        if EVEN_K:
+            x = tl.load(x_ptrs)
+            w1 = tl.load(W1 + w_offs)
+            w2 = tl.load(W2 + w_offs)
+        else:
+            left = K - k * BLOCK_K
+            x = tl.load(x_ptrs, mask=offs_k[None, :] < left, other=0.0)
+            w1 = tl.load(W1 + w_offs, mask=offs_k[:, None] < left, other=0.0)
+            w2 = tl.load(W2 + w_offs, mask=offs_k[:, None] < left, other=0.0)
+        if FUSE:
+            w = tl.reshape(tl.join(w1, w2), (BLOCK_K, 2 * BLOCK_N))
+            acc = tl.dot(x, w, acc, input_precision=DOT_PRECISION)
+        else:
+            g = tl.dot(x, w1, g, input_precision=DOT_PRECISION)
+            u = tl.dot(x, w2, u, input_precision=DOT_PRECISION)
+        x_ptrs += BLOCK_K * stride_xk
+        w_offs += BLOCK_K * stride_wk
+    if FUSE:
+        g, u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
+{bias}{activation}
+    c_ptrs = C + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(c_ptrs, (g * u).to(C.dtype.element_ty), mask=mask)
+'''
+
+_BIAS = ("    g += tl.load(B1 + offs_n * stride_b, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]\n"
+         "    u += tl.load(B2 + offs_n * stride_b, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]\n")
+
+
+def source(expr: Gated) -> str:
+    """The Triton source of the kernel computing `expr`."""
+    emit = Emitter()
+    emit.run((expr.act,), "g")
+    return _TEMPLATE.format(name=KERNEL_NAME, description=expr.describe(), bias=_BIAS if expr.bias else "",
+                            activation="".join(f"    {line}\n" for line in emit.lines))
+
+
+def load(expr: Gated) -> Any:
+    """The @triton.jit function of the generated source for `expr`."""
+    return load_source(source(expr), KERNEL_NAME)

@@ -1,0 +1,35 @@
+"""The schedule space of the gated dual-GEMM template: the contraction space's tiling knobs and
+constraints with two weight tiles and two accumulators per step, and how the weight tiles meet
+the MMA (FUSE)."""
+from __future__ import annotations
+
+from tritune.schedules.config import Config
+from tritune.schedules.contraction import contraction_space, shared_estimate, wgmma
+from tritune.schedules.space import Knob, Limits, Space, reads
+
+# Knobs of the contraction space the gated template reads (no split-K, TMA, persistent loop or
+# warp specialisation: one program per output tile, plain loads)
+TILING = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "UNROLL")
+# 0: two MMAs per step, one per weight tile, into two accumulators; 1: the two tiles joined into
+# one [BLOCK_K, 2*BLOCK_N] tile and one MMA twice as wide
+FUSE = Knob("FUSE", (0, 1))
+MAX_MMA_N = 256  # the widest warp-group MMA (wgmma N); a wider fused tile is split again anyway
+
+
+def gated_space(m: int, n: int, k: int, element_bytes: int, limits: Limits) -> Space:
+    """The space of an M x N x K dual GEMM (two N-wide products of one [M, K] input)."""
+    base = contraction_space(m, n, k, element_bytes, limits, b_tiles=2)
+    base = base.without([knob.name for knob in base.knobs if knob.name not in TILING])
+
+    @reads(*TILING, "FUSE")
+    def fused(c: Config) -> str | None:
+        if not c["FUSE"]:
+            return None
+        if element_bytes != 2:
+            return "joined fp32 weight tiles do not compile (Triton 3.9, sm_90: illegal shared layout)"
+        if 2 * c["BLOCK_N"] > MAX_MMA_N:
+            return f"a fused tile 2 x {c['BLOCK_N']} wide is wider than one MMA: FUSE=0 issues the same two"
+        # without warp-group MMAs the joined tile is staged in shared memory once more
+        need = shared_estimate(c, element_bytes, 2) + (0 if wgmma(c) else 2 * c["BLOCK_N"] * c["BLOCK_K"] * element_bytes)
+        return f"shared memory {need} > {limits.shared_bytes}" if need > limits.shared_bytes else None
+    return Space((*base.knobs, FUSE), (*base.constraints, fused))
