@@ -33,8 +33,7 @@ class Problem:
 
 
 POINTER_NAMES = ("A", "B", "C", "BIAS")  # then WS, LOCKS: split-K scratch, always aligned; then E0, E1, ..
-INT_NAMES = ("M", "N", "K", *(f"stride_{t}{d}" for t, dims in (("a", "bmk"), ("b", "bkn"), ("c", "bmn"))
-                               for d in dims), "stride_bias")
+INT_NAMES = template.INT_NAMES
 
 
 def canonical_problem(expr: Matmul) -> Problem:

@@ -12,6 +12,9 @@ from tritune.kernels.codegen import epilogue_source, load_source
 from tritune.kernels.contraction.expr import Matmul
 
 KERNEL_NAME = "tritune_matmul"
+# the kernel's integer parameters before the extra inputs' strides: sizes, then A's, B's, C's strides, the bias's
+INT_NAMES = ("M", "N", "K", *(f"stride_{t}{d}" for t, dims in (("a", "bmk"), ("b", "bkn"), ("c", "bmn"))
+                               for d in dims), "stride_bias")
 
 # The head of every generated GEMM source (the gated family's too): imports and the grouped tile order.
 PRELUDE = '''\
@@ -106,10 +109,7 @@ def _split_fixup(acc, WS, LOCKS, slot, split, BLOCK_M: tl.constexpr, BLOCK_N: tl
 @triton.jit
 def {name}(
     A, B, C, BIAS, WS, LOCKS,{input_pointers}
-    M, N, K,
-    stride_ab, stride_am, stride_ak,
-    stride_bb, stride_bk, stride_bn,
-    stride_cb, stride_cm, stride_cn, stride_bias,{input_strides}
+{int_params}
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SPLIT_K: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr, WARP_SPEC: tl.constexpr,
@@ -197,13 +197,22 @@ def _tma(expr: Matmul) -> tuple[str, str]:
     return descs, loads
 
 
-def source(expr: Matmul) -> str:
-    """The Triton source of the kernel computing `expr`."""
+def int_params(expr: Matmul, specialize: bool = False) -> str:
+    """The kernel's integer parameters (sizes, strides), as arguments or, specialised, as constexprs."""
+    names = (*INT_NAMES, *input_int_names(expr))
+    kind = ": tl.constexpr" if specialize else ""
+    groups = (names[:3], names[3:6], names[6:9], names[9:])
+    return "\n".join("    " + " ".join(f"{n}{kind}," for n in group) for group in groups if group)
+
+
+def source(expr: Matmul, specialize: bool = False) -> str:
+    """The Triton source of the kernel computing `expr`; `specialize`: its sizes and strides are
+    constexprs (one binary per shape, launched with pointers only: what a compiled model replays)."""
     descs, loads = _tma(expr)
     pointers = "".join(f" E{i}," for i in range(len(expr.inputs)))
     strides = "".join(f" {name}," for name in input_int_names(expr))
     return _TEMPLATE.format(
-        input_pointers=pointers, input_strides=strides, finish_params=pointers + strides,
+        input_pointers=pointers, int_params=int_params(expr, specialize), finish_params=pointers + strides,
         finish_args=pointers + strides,
         name=KERNEL_NAME,
         description=expr.describe().replace(f" {expr.dtype}", ""),
@@ -214,6 +223,6 @@ def source(expr: Matmul) -> str:
     )
 
 
-def load(expr: Matmul) -> Any:
-    """The @triton.jit function of the generated source for `expr`."""
-    return load_source(source(expr), KERNEL_NAME)
+def load(expr: Matmul, specialize: bool = False) -> Any:
+    """The @triton.jit function of the generated source for `expr` (see `source`)."""
+    return load_source(source(expr, specialize), KERNEL_NAME)

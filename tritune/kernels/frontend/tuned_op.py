@@ -12,6 +12,7 @@ run the expression as torch ops instead: correct, and visible to Inductor like a
 from __future__ import annotations
 
 import json
+import logging
 from functools import lru_cache
 from typing import Any, Optional
 
@@ -24,6 +25,10 @@ from tritune.kernels.contraction.family import MATMUL
 from tritune.kernels.device import current_sms, interpreted
 from tritune.kernels.frontend.ops import layout_of
 from tritune.schedules.config import Config
+
+
+log = logging.getLogger("tritune.compiler")
+_misfits: set["Site"] = set()
 
 
 def spec_of(expr: Matmul, config: Config) -> str:
@@ -39,7 +44,10 @@ class Site:
         data = json.loads(spec)
         self.expr, self.config = Matmul.from_dict(data["expr"]), Config.of(data["config"])
         expr, config = self.expr, self.config
-        self.fn = launch.template.load(expr)
+        # sizes and strides as constexprs: a compiled model launches it with pointers alone, as
+        # Inductor launches its own templates (each int argument is host time on every call)
+        self.fn = launch.template.load(expr, specialize=True)
+        self.int_names = (*launch.INT_NAMES, *launch.template.input_int_names(expr))
         self.grid = launch.grid(expr, config, current_sms() if config.get("PERSISTENT", 0) else 0)
         self.consts = {**launch.constexprs(expr, config), "num_warps": config["num_warps"],
                        "num_stages": config["num_stages"]}
@@ -64,6 +72,10 @@ class Site:
     def __call__(self, a: Any, b: Any, bias: Any) -> Any:
         expr, out = self.expr, self.empty_out(a, b)
         if not self.fits(a, b, out, bias):
+            if self not in _misfits:  # at trace time: once per site, not per call
+                _misfits.add(self)
+                log.warning("tritune: %s was tuned for other operand layouts than this call's: it runs as "
+                            "torch ops", expr.describe())
             return MATMUL.expression(expr)(a, b, out, bias)
         # split-K's scratch; without split-K the kernel never touches either, so `a` stands in (no
         # allocation, no zeroing launch: each is host time on every call of a compiled model)
@@ -72,8 +84,8 @@ class Site:
             ws, locks = a.new_empty(self.ws, dtype=torch.float32), a.new_zeros(self.slots, dtype=torch.int32)
         if self.config.get("TMA", 0):
             launch.use_torch_scratch()
-        ints = launch.ints_of(expr, a, b, out, bias)
-        wrap_triton(self.fn)[self.grid](a, b, out, bias if expr.has_bias else out, ws, locks, *ints, **self.consts)
+        ints = dict(zip(self.int_names, launch.ints_of(expr, a, b, out, bias)))
+        wrap_triton(self.fn)[self.grid](a, b, out, bias if expr.has_bias else out, ws, locks, **ints, **self.consts)
         return out
 
 
