@@ -60,9 +60,9 @@ def test_the_check_stores_each_measured_mode_and_reports_failures(tmp_path):
     device = device_key(device_info(), "matmul")
     results = [
         {"mode": "default", "graphs": ["g1", "g2"], "tuned_sites": 2, "sites": 3, "device": device.to_json(),
-         "inductor_ms": 1.0, "tritune_ms": 1.2, "rel_error": 1e-3, "rounds": 3, "winner": "inductor"},
+         "inductor_ms": 1.0, "tritune_ms": 1.2, "eager_ms": 2.0, "rel_error": 1e-3, "rounds": 3, "winner": "inductor"},
         {"mode": "reduce-overhead", "graphs": ["g1", "g2"], "tuned_sites": 2, "sites": 3, "device": device.to_json(),
-         "inductor_ms": 0.3, "tritune_ms": 0.25, "rel_error": 1e-3, "rounds": 3, "winner": "tritune"},
+         "inductor_ms": 0.3, "tritune_ms": 0.25, "eager_ms": 2.0, "rel_error": 1e-3, "rounds": 3, "winner": "tritune"},
         {"mode": "max-autotune", "error": "RuntimeError: boom"},
     ]
     model_check._store(tmp_path / "t.db", results)

@@ -55,7 +55,7 @@ def _store(db_path: str | Path, results: Sequence[dict]) -> None:
         for r in results:
             if r.get("winner"):
                 device = DeviceKey.from_json(r["device"])
-                detail = {k: r[k] for k in ("inductor_ms", "tritune_ms", "rel_error", "rounds")}
+                detail = {k: r[k] for k in ("inductor_ms", "tritune_ms", "eager_ms", "rel_error", "rounds")}
                 for graph in r["graphs"]:
                     db.save_graph_verdict(graph, device, graph_mode("inductor", r["mode"]), r["winner"], detail)
 
@@ -109,21 +109,35 @@ def _measure(model: Any, inputs: tuple, db_path: str, mode: str, rounds: int) ->
     from tritune.kernels.device import device_info
     from tritune.kernels.family import device_key
 
+    from torch._dynamo.utils import counters
+
     compile_mode = None if mode == "default" else mode
     backend = tritune.compiler(db_path, mode=compile_mode, graph_verdicts=False)  # what the graphs run alone
     fns = {"inductor": _caller(torch.compile(model, mode=compile_mode), inputs, mode),
            "tritune": _caller(torch.compile(model, backend=backend), inputs, mode)}
-    outs = {name: [fn() for _ in range(3)][-1] for name, fn in fns.items()}  # CUDA graphs: warm up, record, replay
+    counters.clear()
+    outs = {name: _warm(fn) for name, fn in fns.items()}
     tuned = sum(kind == "tuned" for _, kind in backend.sites)
     result = {"graphs": sorted(set(backend.graphs)), "tuned_sites": tuned, "sites": len(backend.sites),
               "device": device_key(device_info(), "matmul").to_json()}
     if not backend.graphs:
         return result  # no tuned site: the graphs reach Inductor untouched, nothing to decide
     error = _rel_error(outs["tritune"], outs["inductor"])
-    times = _in_turns(fns, rounds)
+    times = _in_turns({**fns, "eager": lambda: model(*inputs)}, rounds)
     faster = times["tritune"] <= (1 - MARGIN) * times["inductor"] and error <= MAX_REL_ERROR
-    return {**result, "inductor_ms": times["inductor"], "tritune_ms": times["tritune"], "rel_error": error,
-            "rounds": rounds, "winner": "tritune" if faster else "inductor"}
+    return {**result, "inductor_ms": times["inductor"], "tritune_ms": times["tritune"], "eager_ms": times["eager"],
+            "rel_error": error, "rounds": rounds, "winner": "tritune" if faster else "inductor",
+            "graph_breaks": sum(counters["graph_break"].values()), "frames": dict(counters["frames"])}
+
+
+def _warm(fn: Any) -> Any:
+    """Three calls (CUDA graphs: warm-up, record, replay); a copy of the last output (a later replay
+    may overwrite it)."""
+    from torch.utils._pytree import tree_map
+
+    for _ in range(3):
+        out = fn()
+    return tree_map(lambda t: t.clone() if hasattr(t, "clone") else t, out)
 
 
 def _caller(compiled: Any, inputs: tuple, mode: str) -> Any:
