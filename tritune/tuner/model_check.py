@@ -23,12 +23,13 @@ from tritune.records.result import DeviceKey
 
 MODES = ("default", "reduce-overhead")  # torch.compile's modes the check measures
 # the tuned kernels keep a graph only when it is this much faster than Inductor's: a tie is Inductor's
-MARGIN = 0.01
+# (two identical compiled models of a host-bound decode step timed up to 4% apart on the H100)
+MARGIN = 0.02
 MAX_REL_ERROR = 5e-2  # a compiled model further than this from Inductor's output is wrong, not fast
 
 
 def check_model(spec: str, input_shapes: Sequence[str], dtype: str, db_path: str | Path,
-                modes: Sequence[str] = MODES, rounds: int = 3, timeout_s: float = 900.0) -> list[dict]:
+                modes: Sequence[str] = MODES, rounds: int = 5, timeout_s: float = 900.0) -> list[dict]:
     """Measure the model (built from `spec` with seeded random weights on the GPU) in each mode in a
     child process, store a graph verdict for every graph with tuned sites, and return one result
     per mode ({'mode', 'error'} where the check failed: no verdict is stored then)."""
@@ -113,15 +114,16 @@ def _measure(model: Any, inputs: tuple, db_path: str, mode: str, rounds: int) ->
 
     compile_mode = None if mode == "default" else mode
     backend = tritune.compiler(db_path, mode=compile_mode, graph_verdicts=False)  # what the graphs run alone
-    fns = {"inductor": _caller(torch.compile(model, mode=compile_mode), inputs, mode),
-           "tritune": _caller(torch.compile(model, backend=backend), inputs, mode)}
+    fns = {"tritune": _caller(torch.compile(model, backend=backend), inputs, mode)}
     counters.clear()
-    outs = {name: _warm(fn) for name, fn in fns.items()}
+    outs = {"tritune": _warm(fns["tritune"])}
     tuned = sum(kind == "tuned" for _, kind in backend.sites)
     result = {"graphs": sorted(set(backend.graphs)), "tuned_sites": tuned, "sites": len(backend.sites),
               "device": device_key(device_info(), "matmul").to_json()}
     if not backend.graphs:
         return result  # no tuned site: the graphs reach Inductor untouched, nothing to decide
+    fns["inductor"] = _caller(torch.compile(model, mode=compile_mode), inputs, mode)
+    outs["inductor"] = _warm(fns["inductor"])
     error = _rel_error(outs["tritune"], outs["inductor"])
     times = _in_turns({**fns, "eager": lambda: model(*inputs)}, rounds)
     faster = times["tritune"] <= (1 - MARGIN) * times["inductor"] and error <= MAX_REL_ERROR
