@@ -31,15 +31,20 @@ def canonical_problem(expr: Gated) -> Problem:
     return Problem((m, n, k, k, 1, *w, n, 1, 1 if expr.bias else 0), (True,) * 6)
 
 
-def problem_of(expr: Gated, x: Any, w1: Any, w2: Any, c: Any, b1: Any = None, b2: Any = None) -> Problem:
-    """The problem of concrete tensors; both weights (and both biases) must share their strides."""
+def ints_of(expr: Gated, x: Any, w1: Any, w2: Any, c: Any, b1: Any = None, b2: Any = None) -> tuple[int, ...]:
+    """The kernel's integer arguments (INTS) for 2-D x [M, K], weights and out [M, N] (real or fake
+    tensors: only strides are read); both weights (and both biases) must share their strides."""
     if w1.stride() != w2.stride() or (expr.bias and b1.stride() != b2.stride()):
         raise ValueError("the two weights (and the two biases) must have the same strides")
     ws = w1.stride()
     stride_wk, stride_wn = (ws[1], ws[0]) if expr.trans_b else ws
+    return (expr.m, expr.n, expr.k, *x.stride(), stride_wk, stride_wn, *c.stride(), b1.stride(0) if expr.bias else 0)
+
+
+def problem_of(expr: Gated, x: Any, w1: Any, w2: Any, c: Any, b1: Any = None, b2: Any = None) -> Problem:
+    """The problem of concrete tensors (see ints_of)."""
     pointers = (x, w1, w2, c, b1 if expr.bias else c, b2 if expr.bias else c)
-    ints = (expr.m, expr.n, expr.k, *x.stride(), stride_wk, stride_wn, *c.stride(), b1.stride(0) if expr.bias else 0)
-    return Problem(ints, tuple(t.data_ptr() % 16 == 0 for t in pointers))
+    return Problem(ints_of(expr, x, w1, w2, c, b1, b2), tuple(t.data_ptr() % 16 == 0 for t in pointers))
 
 
 def constexprs(expr: Gated, config: Config) -> dict[str, Any]:
