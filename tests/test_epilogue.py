@@ -59,7 +59,8 @@ def test_general_epilogues_round_trip_through_their_json_form():
     ("mul=residual:fp8", "bad input dtype"), ("pow=1.5", "pow takes an integer"), ("pow=9", "from 2 to 8"),
     ("clamp=1", "clamp=LO:HI"), ("clamp=3:1", "min 3.0 > max 1.0"), ("div=0", "division by the constant 0"),
     ("add=nan", "finite"), ("[1]", "step is an object"), ("[{\"op\":\"mul\",\"other\":[]}]", "non-empty"),
-    ('{"op": "relu"}', "a JSON --epilogue is a list"), ("[", "bad --epilogue JSON"), ("[{\"op\":\"add\",\"other\":[{\"op\":\"bias\"}]}]", "main chain only"),
+    ('{"op": "relu"}', "a JSON --epilogue is a list"), ("[", "bad --epilogue JSON"),
+    ('[{"op":"add","other":[{"op":"bias"}]}]', "main chain only"),
 ])
 def test_bad_epilogues_are_one_expr_error(text, message):
     with pytest.raises(ExprError, match=message):

@@ -92,7 +92,8 @@ def test_bad_options_are_one_expr_error(options, message):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--shape", "64,64", "--activation", "silu"], "bad --shape"), (["--shape", "8,8,8", "--activation", "tanh"], "bad --activation"),
+    (["--shape", "64,64", "--activation", "silu"], "bad --shape"),
+    (["--shape", "8,8,8", "--activation", "tanh"], "bad --activation"),
     (["--op", "matmul", "--shape", "8", "--activation", "silu"], "--activation does not apply to --op matmul"),
 ])
 def test_the_command_line_refuses_bad_gated_options_in_one_line(capsys, tmp_path, args, needle):

@@ -30,6 +30,7 @@ def gated_space(m: int, n: int, k: int, element_bytes: int, limits: Limits) -> S
         if 2 * c["BLOCK_N"] > MAX_MMA_N:
             return f"a fused tile 2 x {c['BLOCK_N']} wide is wider than one MMA: FUSE=0 issues the same two"
         # without warp-group MMAs the joined tile is staged in shared memory once more
-        need = shared_estimate(c, element_bytes, 2) + (0 if wgmma(c) else 2 * c["BLOCK_N"] * c["BLOCK_K"] * element_bytes)
+        joined = 0 if wgmma(c) else 2 * c["BLOCK_N"] * c["BLOCK_K"] * element_bytes
+        need = shared_estimate(c, element_bytes, 2) + joined
         return f"shared memory {need} > {limits.shared_bytes}" if need > limits.shared_bytes else None
     return Space((*base.knobs, FUSE), (*base.constraints, fused))
