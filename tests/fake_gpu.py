@@ -1,7 +1,9 @@
 """A GPU that is not there, for whole `tune-cli` processes in tests: TRITUNE_FAKE_GPU=fake_gpu (with
 tests/ on PYTHONPATH). The worker takes FAKE_GPU_MS milliseconds per measurement and appends the key
 of each config it measured to the file FAKE_GPU_LOG (if set); the builder compiles nothing. The host has FAKE_GPU_DEVICES of them (default 1); FAKE_GPU_LOSE="D:N" makes device D fall
-off the bus after N measurements (its worker dies and cannot start again)."""
+off the bus after N measurements (its worker dies and cannot start again); FAKE_GPU_HANG=N makes every
+device hang from its (N+1)th measurement on. Each measurement's start is logged ("workload config") to
+FAKE_GPU_LOG.started."""
 import os
 import time
 
@@ -32,10 +34,15 @@ def _measure(payload: dict) -> dict:
     if lose and int(lose.split(":")[0]) == _state["device"] and _state["measured"] >= int(lose.split(":")[1]):
         open(_lost_mark(_state["device"]), "w").close()
         os._exit(1)
-    _state["measured"] += 1
-    time.sleep(float(os.environ.get("FAKE_GPU_MS", "20")) / 1000)
     config = payload["config"]
     log = os.environ.get("FAKE_GPU_LOG")
+    if log:
+        with open(f"{log}.started", "a") as fp:
+            fp.write(f"{payload['expr'].key} {config.key}\n")
+    if _state["measured"] >= int(os.environ.get("FAKE_GPU_HANG", "1000000")):
+        time.sleep(3600)
+    _state["measured"] += 1
+    time.sleep(float(os.environ.get("FAKE_GPU_MS", "20")) / 1000)
     if log:
         with open(log, "a") as fp:
             fp.write(config.key + "\n")

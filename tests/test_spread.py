@@ -88,7 +88,9 @@ def test_a_models_workloads_over_two_stand_in_gpus(monkeypatch, tmp_path):
     monkeypatch.setenv("FAKE_GPU_MS", "5")
     monkeypatch.setattr(session, "Runner", partial(Runner, handlers=fake_gpu.handlers))
     monkeypatch.setattr(session, "Builder", lambda *args, **kwargs: FakeBuilder())
-    exprs = [make_expr("matmul", s, "fp16") for s in ("512,256,1024", "256,256,512", "128,256,256")]
+    # convolutions: their spaces are enumerated in a fraction of a second (a matmul's takes seconds)
+    exprs = [make_expr("conv2d", s, "fp16", padding="1") for s in ("8,28,28,64,64,3,3", "8,14,14,64,64,3,3",
+                                                                   "4,14,14,32,64,3,3")]
     options = session.TuneOptions(trials=12, batch_size=4, strategy="random", devices="all")
     with Database(tmp_path / "t.db") as db:
         out = session.tune_all(exprs, db, options, trials=[16, 8, 8])

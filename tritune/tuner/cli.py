@@ -90,6 +90,15 @@ def cli() -> None:
 db_option = click.option("--db", "db_path", default=None, help=f"tuning database [default: $TRITUNE_DB or {SETTINGS.db_path}]")
 
 
+def cluster_options(command: Any) -> Any:
+    """`--cluster ADDRESS` and `--cluster-wait S`, for the commands that tune."""
+    command = click.option("--cluster-wait", default=30.0, show_default=True, type=click.FloatRange(0),
+                           help="with --cluster: seconds to wait for a first GPU host to join")(command)
+    return click.option("--cluster", default=None, metavar="ADDRESS",
+                        help="measure on the GPU hosts of this Dask scheduler (tcp://HOST:8786), each started "
+                             "there with `tune-cli worker --scheduler ADDRESS`, instead of this host's GPUs")(command)
+
+
 @cli.command(epilog=_ops_help())
 @click.option("--op", default="matmul", show_default=True, help=f"operator: {', '.join(ops())}")
 @click.option("--shape", required=True, help="the workload's sizes, in the op's format (listed below)")
@@ -112,12 +121,13 @@ db_option = click.option("--db", "db_path", default=None, help=f"tuning database
 @click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(1), help="seconds before a candidate counts as hung")
 @click.option("--workers", default=None, type=click.IntRange(1), help="compile processes [default: one per core]")
 @click.option("--devices", default=None, help="GPUs to measure on, e.g. 0,1 or all (one worker each) [default: the first]")
+@cluster_options
 @click.option("--summary-json", default=None, type=click.Path(dir_okay=False), help="also write the final numbers here")
 @click.option("--verbose", is_flag=True, help="also show where the run's time went (it is in --summary-json too)")
 @click.option("--inject-fault", "faults", multiple=True, type=click.Choice(FAULTS), hidden=True)
 @db_option
 def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, activation, trials, strategy, seed, prior, batch_size,
-        early_stop, timeout, workers, devices, summary_json, verbose, faults, db_path) -> None:
+        early_stop, timeout, workers, devices, cluster, cluster_wait, summary_json, verbose, faults, db_path) -> None:
     """Tune one workload on this GPU and store every trial."""
     from tritune.tuner.session import TuneOptions, tune
 
@@ -126,7 +136,7 @@ def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, acti
     if strategy not in REGISTRY:
         raise UsageError(f"unknown strategy {strategy!r}; known: {', '.join(sorted(REGISTRY))}")
     options = TuneOptions(trials, strategy, seed, batch_size, early_stop, timeout, workers, tuple(faults), prior, verbose,
-                          _devices(devices))
+                          *_where(devices, cluster, cluster_wait))
     with tuning(db_path, options) as (gpu, db):
         summary = tune(expr, db, options, gpu)
     if summary_json:
@@ -142,13 +152,14 @@ def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, acti
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--summary-json", default=None, type=click.Path(dir_okay=False), help="also write each task's numbers here")
 @click.option("--devices", default=None, help="GPUs to measure on, e.g. 0,1 or all (one worker each) [default: the first]")
+@cluster_options
 @click.option("--dry-run", is_flag=True, help="only list the workloads and their trials (no GPU needed)")
 @click.option("--check/--no-check", default=True, show_default=True,
               help="then time the whole compiled model with and without the tuned kernels (default mode and CUDA "
                    "graphs); a graph that is not faster with them is left to Inductor whole")
 @db_option
-def tune_model(model_spec, input_shapes, dtype, trials, strategy, seed, summary_json, devices, dry_run, check,
-               db_path) -> None:
+def tune_model(model_spec, input_shapes, dtype, trials, strategy, seed, summary_json, devices, cluster, cluster_wait,
+               dry_run, check, db_path) -> None:
     """Extract a model's contractions (with their fusable epilogues) and tune each on this GPU."""
     from tritune.tuner import tune_model as tm
     from tritune.tuner.display import out
@@ -159,7 +170,8 @@ def tune_model(model_spec, input_shapes, dtype, trials, strategy, seed, summary_
     if dry_run:
         out.print(tm.plan_table(_planned(tm, model_spec, input_shapes, dtype, trials)))
         return
-    options = TuneOptions(strategy=strategy, seed=seed, devices=_devices(devices))
+    where = _where(devices, cluster, cluster_wait)
+    options = TuneOptions(strategy=strategy, seed=seed, devices=where[0], cluster=where[1], cluster_wait_s=where[2])
     planned: list = []
     capture = lambda: planned.extend(_planned(tm, model_spec, input_shapes, dtype, trials))  # noqa: E731
     with tuning(db_path, options, capture) as (gpu, db):  # the model is captured while the GPU worker starts
@@ -167,7 +179,9 @@ def tune_model(model_spec, input_shapes, dtype, trials, strategy, seed, summary_
         summaries = tm.tune_all(planned, db, options, gpu)
         path = db.path
     out.print(tm.result_table(summaries))
-    checks = tm.check(model_spec, input_shapes, dtype, path) if check else []
+    if check and cluster:  # the check compiles and runs the whole model on a GPU of this host
+        click.echo("tune-cli: the model check runs on this host's GPU; skipped with --cluster", err=True)
+    checks = tm.check(model_spec, input_shapes, dtype, path) if check and not cluster else []
     if summary_json:
         Path(summary_json).write_text(json.dumps({"tasks": summaries, "model_check": checks}, indent=2))
 
@@ -182,12 +196,55 @@ def _devices(text: str | None) -> Any:
         raise UsageError(str(exc)) from None
 
 
+def _where(devices: str | None, cluster: str | None, wait_s: float) -> tuple[Any, str | None, float]:
+    """Where to measure: this host's `--devices`, or the `--cluster`'s hosts (a bad address, or both
+    asked for, is one line, exit code 2)."""
+    if cluster is None:
+        return _devices(devices), None, wait_s
+    if devices is not None:
+        raise UsageError("--devices picks this host's GPUs; a cluster's hosts pick theirs (tune-cli worker --devices)")
+    return None, _address(cluster), wait_s
+
+
+def _address(text: str) -> str:
+    """A Dask scheduler's address, checked (a bad one is one line, exit code 2)."""
+    from tritune.tuner.cluster import check_address
+
+    try:
+        check_address(text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return text
+
+
 def _planned(tm: Any, model_spec: str, input_shapes: tuple[str, ...], dtype: str, trials: int) -> list:
     """The model's tasks and their trials; anything the user must fix is one line, exit code 2."""
     try:
         return tm.plan(tm.model_tasks(model_spec, input_shapes, dtype), trials)
     except tm.ModelError as exc:
         raise UsageError(str(exc)) from None
+
+
+@cli.command()
+@click.option("--scheduler", required=True, metavar="ADDRESS", help="the Dask scheduler to serve (tcp://HOST:8786)")
+@click.option("--devices", default="all", show_default=True, help="this host's GPUs to measure on, e.g. 0,1 or all")
+@click.option("--name", default=None, help="this host's name in the cluster and in the records [default: hostname]")
+@click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(1), help="seconds before a candidate counts as hung")
+@click.option("--workers", default=None, type=click.IntRange(1), help="compile processes [default: one per core]")
+def worker(scheduler, devices, name, timeout, workers) -> None:
+    """Measure for tune-cli runs on a cluster: this host's GPUs and compile pool, until stopped."""
+    from functools import partial
+
+    from tritune.tuner.cluster import serve
+    from tritune.tuner.runner import WorkerDied
+    from tritune.tuner.session import start_gpu
+
+    start = partial(start_gpu, timeout_s=timeout, workers=workers, devices=_devices(devices))
+    try:
+        serve(_address(scheduler), start, name, lambda line: click.echo(line, err=True))
+    except WorkerDied as exc:  # no GPU here, or no scheduler there
+        click.echo(f"tune-cli: {exc}", err=True)
+        sys.exit(EXIT_NO_GPU)
 
 
 @cli.command()

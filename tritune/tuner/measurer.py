@@ -16,6 +16,9 @@ from tritune.tuner.builder import BuildResult
 from tritune.tuner.runner import DeviceLost
 
 
+_WAKE = ("wake",)  # queued to wake a thread waiting for candidates: look at the pending ones again
+
+
 class Stopped(Exception):
     """The run ended before this candidate's result could be stored (it was not)."""
 
@@ -136,7 +139,7 @@ class Measurer:
         """Take a queued item into the pending list (hold the lock); None closes."""
         if item is None:
             self._closed = True
-        else:
+        elif item is not _WAKE:
             self._pending.append(item)
 
     def _lose(self, item: tuple, lost: Exception) -> None:
@@ -145,6 +148,7 @@ class Measurer:
             self._live -= 1
             if self._live:
                 self._pending.insert(0, item)
+                self._queue.put(_WAKE)  # a thread asleep on an empty queue must see it
                 return
             orphans = [item, *self._pending]
             self._pending.clear()
