@@ -6,9 +6,10 @@
 - overhead: host µs per call of a 64x64x64 matmul, replayed by tritune and as Inductor's Triton template;
 - profile: every variant under torch's profiler: kernels and GPU µs per call, the costliest kernels.
 
-Besides torch.compile's modes and tritune's backend, the variants "route" and "route-ro" are
-diagnostics: tritune's path into Inductor (the graph retraced to ATen, Dynamo's input facts kept)
-with nothing replaced, i.e. what the route itself costs.
+Besides torch.compile's modes and tritune's backend, diagnostics: "route" and "route-ro" take
+tritune's path into Inductor (the graph retraced to ATen, Dynamo's input facts kept) with nothing
+replaced, i.e. what the route itself costs; "sites" and "sites-ro" replay every tuned site without
+reading graph verdicts (what tune-model's whole-model check measures).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SHAPES = {"prefill": (1, 2048), "decode": (16, 1)}  # (batch, tokens)
-CUDA_GRAPHS = ("reduce-overhead", "tritune-ro", "route-ro")
+CUDA_GRAPHS = ("reduce-overhead", "tritune-ro", "route-ro", "sites-ro")
 
 
 def zoo_factory(model: str):
@@ -59,11 +60,13 @@ def compile_variant(model, variant: str, db: str) -> tuple:
     if variant.startswith("route"):
         return torch.compile(model, backend=route_only("reduce-overhead" if variant == "route-ro" else None),
                              fullgraph=True), None
-    if not variant.startswith("tritune"):
+    if not variant.startswith(("tritune", "sites")):
         return torch.compile(model, mode=None if variant == "default" else variant, fullgraph=True), None
     import tritune
 
-    backend = tritune.compiler(db, mode="reduce-overhead") if variant == "tritune-ro" else tritune.compiler(db)
+    # "sites": what the tuned sites alone decide, graph verdicts not read (what tune-model's check measures)
+    backend = tritune.compiler(db, mode="reduce-overhead" if variant.endswith("-ro") else None,
+                               graph_verdicts=variant.startswith("tritune"))
     return torch.compile(model, backend=backend, fullgraph=True), backend
 
 

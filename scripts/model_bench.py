@@ -7,8 +7,8 @@ max-autotune and reduce-overhead against tritune's backend, alone and over CUDA 
             [--variants LIST] [--device cuda] [--hidden N] [--child-timeout 300] [--pack FILE.tar.gz]
 
 Variants: default, max-autotune, reduce-overhead (torch.compile's modes), tritune
-(backend=tritune.compiler(db)) and tritune-ro (tritune.compiler(db, mode="reduce-overhead")); route
-and route-ro (only with --variants) take tritune's path into Inductor and replace nothing.
+(backend=tritune.compiler(db)) and tritune-ro (tritune.compiler(db, mode="reduce-overhead")); only with --variants, route and
+route-ro take tritune's path into Inductor and replace nothing, sites and sites-ro ignore graph verdicts.
 Each phase runs on its own and merges its results into DIR/model_bench.json:
 
 - tune: `python -m tritune tune-model` per model and shape into --db [DIR/tuning.db] (a rerun
@@ -47,7 +47,7 @@ from bench_children import SHAPES, hidden_of
 
 HERE = Path(__file__).resolve().parent
 MODELS = ("llama", "gpt2", "bert")
-VARIANTS = ("default", "max-autotune", "reduce-overhead", "tritune", "tritune-ro", "route", "route-ro")
+VARIANTS = ("default", "max-autotune", "reduce-overhead", "tritune", "tritune-ro", "route", "route-ro", "sites", "sites-ro")
 LATENCY_VARIANTS = {"prefill": VARIANTS[:5], "decode": ("default", "reduce-overhead", "tritune", "tritune-ro")}
 COMPILE_VARIANTS = {"prefill": ("default", "max-autotune", "tritune"), "decode": ("default", "reduce-overhead", "tritune-ro")}
 PHASES = ("tune", "compile", "latency", "overhead", "profile")
