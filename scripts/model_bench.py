@@ -3,7 +3,7 @@ prefill shape (1, 2048, hidden) and a decode shape (16, 1, hidden); Inductor's d
 max-autotune and reduce-overhead against tritune's backend, alone and over CUDA graphs.
 
     python3 scripts/model_bench.py --out DIR [--models llama,gpt2,bert] [--shapes prefill,decode]
-            [--phases tune,compile,latency,overhead] [--db PATH] [--dtype fp16] [--rounds 5]
+            [--phases tune,compile,latency,overhead] [--db PATH] [--dtype fp16] [--rounds 15]
             [--variants LIST] [--device cuda] [--hidden N] [--child-timeout 300] [--pack FILE.tar.gz]
 
 Variants: default, max-autotune, reduce-overhead (torch.compile's modes), tritune
@@ -17,8 +17,9 @@ Each phase runs on its own and merges its results into DIR/model_bench.json:
   decode: default, reduce-overhead, tritune-ro], with empty Inductor and Triton caches: seconds
   from torch.compile to the end of the first call, error against eager, the backend's sites;
 - latency: a subprocess per model and shape compiles its variants [all; at decode not
-  max-autotune] and times them and eager in turns, --rounds rounds of do_bench medians; it
-  replaces that model and shape's earlier entry (its ratios hold within one process);
+  max-autotune] and times them and eager in turns, --rounds rounds of short do_bench medians;
+  a ratio is the median over rounds of the two variants' times in the same round (the host's
+  speed changes between rounds); it replaces that model and shape's earlier entry;
 - overhead: host µs per call of a 64x64x64 matmul replayed by tritune and as Inductor's own
   Triton template (2000 calls back to back, 15 alternating repeats, medians);
 - profile: a subprocess per model and shape runs each variant 20 times under torch's profiler:
@@ -44,6 +45,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench_children import SHAPES, hidden_of
+from tritune.tuner.model_check import paired_ratio
 
 HERE = Path(__file__).resolve().parent
 MODELS = ("llama", "gpt2", "bert")
@@ -65,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--phases", default=",".join(PHASES), help="comma-separated: " + ", ".join(PHASES))
     p.add_argument("--db", default=None, help="tuning database [default: OUT/tuning.db]")
     p.add_argument("--dtype", default="fp16", choices=("fp16", "bf16", "fp32"))
-    p.add_argument("--rounds", type=int, default=5, help="latency rounds (each times every variant once)")
+    p.add_argument("--rounds", type=int, default=15, help="latency rounds (each times every variant once)")
     p.add_argument("--variants", default=None, help="comma-separated subset of " + ", ".join(VARIANTS))
     p.add_argument("--device", default="cuda")
     p.add_argument("--hidden", type=int, default=None, help="hidden size [default: the factory's]")
@@ -183,12 +185,12 @@ def phase_latency(args: argparse.Namespace, out: Path, results: dict) -> None:
                       out / f"latency_{model}_{shape}.log")
         rows = r.setdefault("variants", {})
         if "eager_ms" in r:
-            r["eager"] = {"latency_ms": r["eager_ms"]}
+            r["eager"] = {"latency_ms": r["eager_ms"], "rounds_ms": r.get("eager_rounds_ms", [])}
         for v in [*rows.values(), r.get("eager", {})]:
             v["site_counts"] = counts(v.get("sites"))
-            for other in ("default", "reduce-overhead"):  # variant / other: lower is better
-                if "latency_ms" in v and rows.get(other, {}).get("latency_ms"):
-                    v[f"x_{other}"] = v["latency_ms"] / rows[other]["latency_ms"]
+            for other in ("default", "reduce-overhead"):  # variant / other, paired by round: lower is better
+                if v.get("rounds_ms") and rows.get(other, {}).get("rounds_ms"):
+                    v[f"x_{other}"] = paired_ratio(v["rounds_ms"], rows[other]["rounds_ms"])
         results.setdefault("latency", {})[f"{model}/{shape}"] = r
         done = ", ".join(f"{k} {v['latency_ms']:.3f} ms" if "latency_ms" in v else f"{k} failed ({v.get('error')})"
                          for k, v in rows.items())
@@ -271,9 +273,11 @@ def tune_line(key: str, t: dict) -> str:
 
 
 def ratio(results: dict, key: str, ours: str, theirs: str, what: str) -> float | None:
+    """Compile seconds over compile seconds; latencies paired by round (see latency)."""
     rows = results.get(what, {}).get(key, {})
-    rows, field = (rows.get("variants", {}), "latency_ms") if what == "latency" else (rows, "compile_s")
-    a, b = rows.get(ours, {}).get(field), rows.get(theirs, {}).get(field)
+    if what == "latency":
+        return rows.get("variants", {}).get(ours, {}).get(f"x_{theirs}")
+    a, b = rows.get(ours, {}).get("compile_s"), rows.get(theirs, {}).get("compile_s")
     return a / b if a is not None and b else None
 
 

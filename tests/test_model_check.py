@@ -60,9 +60,9 @@ def test_the_check_stores_each_measured_mode_and_reports_failures(tmp_path):
     device = device_key(device_info(), "matmul")
     results = [
         {"mode": "default", "graphs": ["g1", "g2"], "tuned_sites": 2, "sites": 3, "device": device.to_json(),
-         "inductor_ms": 1.0, "tritune_ms": 1.2, "eager_ms": 2.0, "rel_error": 1e-3, "rounds": 3, "winner": "inductor"},
+         "inductor_ms": 1.0, "tritune_ms": 1.2, "eager_ms": 2.0, "ratio": 1.2, "rel_error": 1e-3, "rounds": 3, "winner": "inductor"},
         {"mode": "reduce-overhead", "graphs": ["g1", "g2"], "tuned_sites": 2, "sites": 3, "device": device.to_json(),
-         "inductor_ms": 0.3, "tritune_ms": 0.25, "eager_ms": 2.0, "rel_error": 1e-3, "rounds": 3, "winner": "tritune"},
+         "inductor_ms": 0.3, "tritune_ms": 0.25, "eager_ms": 2.0, "ratio": 0.83, "rel_error": 1e-3, "rounds": 3, "winner": "tritune"},
         {"mode": "max-autotune", "error": "RuntimeError: boom"},
     ]
     model_check._store(tmp_path / "t.db", results)
@@ -81,3 +81,9 @@ def test_without_a_gpu_the_check_says_so_once_per_mode_and_stores_nothing(tmp_pa
     assert all(r["error"].startswith("the model could not be built on the GPU") for r in results), results
     with Database(tmp_path / "t.db") as db:
         assert "graph_verdicts" not in db._db.table_names()
+
+
+def test_paired_ratio_takes_each_round_as_a_pair():
+    # the host slowed down in rounds 2 and 4 for both: the ratio of each pair holds
+    ours, theirs = [0.9, 1.8, 0.9, 1.8, 0.9], [1.0, 2.0, 1.0, 2.0, 1.0]
+    assert abs(model_check.paired_ratio(ours, theirs) - 0.9) < 1e-12
