@@ -139,7 +139,7 @@ def route_rows() -> list[dict]:
         spec = tuned_op.spec_of(expr, config)
         torch._dynamo.reset()
         # Inductor as the tritune backend configures it (static launches of tuned kernels)
-        f = torch.compile(lambda a, w, bias: torch.ops.tritune.matmul(a, w.t(), bias, spec) * 2,
+        f = torch.compile(lambda a, w, bias: torch.ops.tritune.matmul(a, w.t(), bias, [], spec) * 2,
                           backend=inductor(mode))
         ref = torch.nn.functional.gelu(a.double() @ w.double().t() + bias.double(), approximate="tanh") * 2
         try:

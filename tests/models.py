@@ -1,4 +1,6 @@
 """Small models for the extraction and torch.compile backend tests."""
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -11,14 +13,14 @@ class Awkward(nn.Module):
         super().__init__()
         self.up = nn.Linear(29, 47)  # 3-D input: view, addmm (B transposed), view; then gelu (tanh)
         self.again = nn.Linear(29, 47)  # the same workload once more
-        self.down = nn.Linear(47, 29, bias=False)  # mm, then a residual add that does not fuse
+        self.down = nn.Linear(47, 29, bias=False)  # mm, then a residual add (an extra input)
         self.w = nn.Parameter(torch.randn(29, 31) / 6)  # row-major B: x @ w
         self.vec = nn.Parameter(torch.randn(5))
 
     def forward(self, x, y):
         z = self.down(F.gelu(self.up(x), approximate="tanh")) + x
         u = torch.relu(z @ self.w) * 0.5
-        s = torch.sigmoid(z @ self.w)  # sigmoid does not fuse: a plain NN contraction
+        s = torch.sigmoid(z @ self.w)
         g = F.gelu(self.again(x), approximate="tanh")
         yt = y.transpose(1, 2)
         v = torch.bmm(y, yt) / 4.0 + self.vec
@@ -28,9 +30,9 @@ class Awkward(nn.Module):
 
 AWKWARD_TASKS = [  # what extract_tasks must find in Awkward (fp32), in order, with counts
     ("matmul 66x47x29 fp32 NT+bias+gelu", 2),
-    ("matmul 66x29x47 fp32 NT", 1),
+    ("matmul 66x29x47 fp32 NT+add", 1),
     ("matmul 66x31x29 fp32 NN+relu+scale", 1),
-    ("matmul 66x31x29 fp32 NN", 1),
+    ("matmul 66x31x29 fp32 NN+sigmoid", 1),
     ("matmul 3x5x5x7 fp32 NT+scale+bias", 1),  # bmm / 4 + vec
     ("matmul 3x5x5x7 fp32 NT+scale+bias", 1),  # baddbmm(vec, alpha=0.5)
 ]
@@ -45,3 +47,49 @@ def awkward_inputs(dtype=torch.float32, device="cpu"):
 def mlp():
     """A factory for `tune-cli tune-model --model tests/models.py:mlp`: two workloads of equal FLOPs."""
     return nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.Linear(96, 64))
+
+
+class Fusions(nn.Module):
+    """An elementwise epilogue of each kind after a projection, at sizes no multiple of a tile."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(29, 47)  # + bias + a residual: an extra [M, N] input
+        self.w = nn.Parameter(torch.randn(29, 31) / 6)  # scaled per row ([B, T, 1]) and per column ([N])
+        self.col = nn.Parameter(torch.randn(31))
+        self.up = nn.Linear(29, 53)  # GPT-2's GELU written as pointwise ops
+        self.sw = nn.Linear(29, 37, bias=False)  # x * sigmoid(x)
+
+    def forward(self, x, r, rows):
+        a = self.proj(x) + r
+        b = (x @ self.w) * rows * self.col
+        h = self.up(x)
+        c = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, 3.0))))
+        s = self.sw(x)
+        return a, b, c, s * torch.sigmoid(s)
+
+
+def fusions_inputs(dtype=torch.float32):
+    gen = torch.Generator().manual_seed(1)
+    shapes = ((2, 33, 29), (2, 33, 47), (2, 33, 1))  # x, the residual, one scale per row
+    return tuple(torch.randn(s, generator=gen).to(dtype) for s in shapes)
+
+
+class GatedMLP(nn.Module):
+    """Llama's MLP, down(act(gate(x)) * up(x)); with `up_first`, up(x) * act(gate(x)) as some write it."""
+
+    def __init__(self, hidden=29, inner=37, act=F.silu, bias=False, up_first=False):
+        super().__init__()
+        self.gate, self.up = nn.Linear(hidden, inner, bias=bias), nn.Linear(hidden, inner, bias=bias)
+        self.down = nn.Linear(inner, hidden, bias=False)
+        self.act, self.up_first = act, up_first
+
+    def forward(self, x):
+        if self.up_first:
+            return x + self.down(self.up(x) * self.act(self.gate(x)))
+        return self.down(self.act(self.gate(x)) * self.up(x))
+
+
+def swiglu():
+    """A factory for `tune-cli tune-model --model tests/models.py:swiglu`: a gated MLP (input 64 wide)."""
+    return GatedMLP(64, 96)

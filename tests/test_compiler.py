@@ -45,9 +45,9 @@ def tuned_calls(monkeypatch):
     calls = []
     original = tuned_op.Site.__call__
 
-    def counting(self, a, b, bias):
+    def counting(self, *args):
         calls.append(self.expr.describe())
-        return original(self, a, b, bias)
+        return original(self, *args)
     monkeypatch.setattr(tuned_op.Site, "__call__", counting)
     return calls
 
@@ -115,13 +115,14 @@ def test_a_call_site_runs_its_kernel_only_on_the_layout_it_was_tuned_for(monkeyp
     launched = []
     original = tuned_op.wrap_triton
     monkeypatch.setattr(tuned_op, "wrap_triton", lambda fn: launched.append(1) or original(fn))
-    assert torch.allclose(tuned_op.OP(a, b, None, spec), a @ b, atol=1e-5) and launched == [1]
+    assert torch.allclose(tuned_op.OP(a, b, None, [], spec), a @ b, atol=1e-5) and launched == [1]
     transposed = a.t().contiguous().t()  # the same values stored column-major: torch ops compute it
     with caplog.at_level(logging.WARNING, logger="tritune.compiler"):
         for _ in range(2):
-            assert torch.allclose(tuned_op.OP(transposed, b, None, spec), a @ b, atol=1e-5) and launched == [1]
+            assert torch.allclose(tuned_op.OP(transposed, b, None, [], spec), a @ b, atol=1e-5) and launched == [1]
     assert [r.getMessage() for r in caplog.records] == [
-        "tritune: matmul 33x47x29 fp32 NN was tuned for other operand layouts than this call's: it runs as torch ops"]
+        "tritune: matmul 33x47x29 fp32 NN was tuned for other operand layouts or dtypes than this call's: it runs as "
+        "torch ops"]
 
 
 def test_bad_database_is_reported_when_the_backend_is_made(tmp_path):
@@ -175,7 +176,7 @@ with FakeTensorMode():  # CUDA tensors that need no GPU
 unsplit = tuned_op.spec_of(Matmul(96, 80, 64, dtype="fp16", trans_b=True, epilogue=(BiasAdd(), Gelu("tanh"))),
                           config.replace(SPLIT_K=1))
 for x, s in ((a, spec), (moved, spec), (a, unsplit)):
-    f = dispatch_functionalize(lambda a, b, bias: torch.ops.tritune.matmul(a, b, bias, s))
+    f = dispatch_functionalize(lambda a, b, bias: torch.ops.tritune.matmul(a, b, bias, [], s))
     print(make_fx(f)(x, b, bias).code)
 """
 

@@ -9,7 +9,7 @@ from torch import nn
 
 import tritune
 from models import AWKWARD_TASKS, Awkward, awkward_inputs
-from tritune.kernels.epilogue import BiasAdd, Gelu, Scale
+from tritune.kernels.epilogue import BiasAdd, Binary, Gelu, Input, Scale
 from tritune.kernels.frontend.extract import ExtractError
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
@@ -25,7 +25,7 @@ def test_awkward_model_tasks_counts_layouts_and_epilogues():
     assert summary(tasks) == AWKWARD_TASKS
     up, down, *_, bmm, baddbmm = tasks
     assert up.expr.epilogue == (BiasAdd(), Gelu("tanh")) and up.expr.trans_b and not up.expr.trans_a
-    assert down.unfused == ("residual add",) and up.unfused == ()
+    assert down.expr.epilogue == (Binary("add", Input("mn", "fp32")),) and down.unfused == up.unfused == ()
     assert bmm.expr.epilogue == (Scale(0.25), BiasAdd()) and baddbmm.expr.epilogue == (Scale(0.5), BiasAdd())
     assert bmm.expr.batch == 3 and bmm.flops == 2 * 3 * 5 * 5 * 7
 
@@ -41,9 +41,10 @@ def test_transformer_block():
     # on the device it runs on: on meta, attention would trace as its math form (two bmm)
     model = example_model.Block(hidden=64, heads=4).half()
     tasks = tritune.extract_tasks(model, torch.empty(2, 24, 64, dtype=torch.float16))
-    assert summary(tasks) == [("matmul 48x64x64 fp16 NT+bias", 4), ("matmul 48x256x64 fp16 NT+bias+gelu", 1),
-                              ("matmul 48x64x256 fp16 NT+bias", 1)]
-    assert tasks[0].unfused == ("residual add",)
+    # q, k, v; o and down with their residual add fused
+    assert summary(tasks) == [("matmul 48x64x64 fp16 NT+bias", 3), ("matmul 48x64x64 fp16 NT+bias+add", 1),
+                              ("matmul 48x256x64 fp16 NT+bias+gelu", 1), ("matmul 48x64x256 fp16 NT+bias+add", 1)]
+    assert tasks[1].expr.inputs == (Input("mn", "fp16"),) and not any(t.unfused for t in tasks)
 
 
 class Shared(nn.Module):

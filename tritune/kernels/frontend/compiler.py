@@ -1,11 +1,13 @@
 """A torch.compile backend that replays the tuning database: `torch.compile(m, backend=tritune.compiler(db))`.
 
-Each contraction of the graph (with the epilogue that fuses after it) whose exact workload's best
-record on this device is a tritune kernel becomes a call to `torch.ops.tritune.matmul`, a triton_op
-that Inductor launches like its own kernels. A site whose best is the library (cuBLAS measured
-faster while tuning), every contraction without a record, and the rest of the graph go to Inductor
-(or to another `fallback`), in the `mode` asked for ("reduce-overhead": CUDA graphs). Misses are
-logged once per workload.
+Each contraction of the graph (with the epilogue that fuses after it, extra inputs included) whose
+exact workload's best record on this device is a tritune kernel becomes a call to
+`torch.ops.tritune.matmul`, and each gated pair act(x @ W1ᵀ) * (x @ W2ᵀ) so tuned a call to
+`torch.ops.tritune.gated`: triton_ops that Inductor launches like its own kernels. A site whose best
+is the library (cuBLAS measured faster while tuning), every site without a record, and the rest of
+the graph go to Inductor (or to another `fallback`), in the `mode` asked for ("reduce-overhead":
+CUDA graphs); a gated pair whose kernel does not run leaves its two contractions to be sites of
+their own. Misses are logged once per workload.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from tritune.records import dispatch
 
 log = logging.getLogger("tritune.compiler")
 _logged: set[str] = set()
+Matched = graph.Match | graph.GatedMatch  # a site a compiled graph may run a tuned kernel for
 
 
 def compiler(db: Any = None, *, fallback: str | Callable = "inductor", mode: str | None = None,
@@ -119,38 +122,38 @@ class Backend:
                                  "it goes to the fallback unchanged")
             return self.fallback(gm, example_inputs)
         matches, index = graph.find(aten, graph.tf32_allowed()), _device_index(example_inputs)
+        before = len(self.sites)
         hits = self._lookup(matches, index)
         if not hits:
             return self.fallback(gm, example_inputs)
         signature = graph_signature(aten, hits)
         self.graphs.append(signature)
-        if self._slower_whole(signature, index, len(matches)):
+        if self._slower_whole(signature, index, len(self.sites) - before):
             return self.fallback(gm, example_inputs)
         rewrite(aten, hits)
         _keep_input_facts(gm, aten)
         return self.fallback(aten, example_inputs)
 
-    def _lookup(self, matches: list[graph.Match], index: int) -> list[tuple[graph.Match, str]]:
-        """(match, spec) of the sites that run a tuned kernel."""
-        history, device = self._history(), device_key(device_info(index), "matmul")
+    def _lookup(self, matches: list[Matched], index: int) -> list[tuple[Matched, str]]:
+        """(site, spec) of the sites that run a tuned kernel; every site's kind goes into `sites`."""
+        history, info = self._history(), device_info(index)
         hits, misses = [], Counter()
-        for m in matches:
-            config = None if history is None else history.best(m.expr.key, device)
-            kind = "miss" if config is None else "library" if config.library is not None else "tuned"
-            self.sites.append((m.expr.describe(), kind))
-            if kind == "miss":
-                misses[m.expr.describe()] += 1
-            elif kind == "tuned":
-                hits.append((m, self._spec(m, config)))
+        for site in matches:
+            for s, kind, config in _resolve(history, site, info):
+                self.sites.append((s.expr.describe(), kind))
+                if kind == "miss":
+                    misses[s.expr.describe()] += 1
+                elif kind == "tuned":
+                    hits.append((s, self._spec(s, config)))
         if misses:
             listed = ", ".join(f"{d} (x{n})" if n > 1 else d for d, n in misses.items())
-            _log_once(listed, f"tritune: no tuned record on {device.gpu} for {sum(misses.values())} of "
+            _log_once(listed, f"tritune: no tuned record on {info['gpu']} for {sum(misses.values())} of "
                               f"{len(matches)} contractions, left to the fallback: {listed}")
         return [(m, spec) for m, spec in hits if spec]
 
     def _slower_whole(self, signature: str, index: int, sites: int) -> bool:
         """Whether tune-model measured this graph slower with its tuned kernels than without them in
-        this mode (its sites are then marked 'graph')."""
+        this mode (its `sites` last entries are then marked 'graph')."""
         history = self._history()
         if self.mode is None or history is None:
             return False
@@ -163,7 +166,7 @@ class Backend:
         return True
 
     @staticmethod
-    def _spec(m: graph.Match, config: Any) -> str:
+    def _spec(m: Matched, config: Any) -> str:
         """The tuned op's spec of a site, '' if its kernel source cannot be generated (logged)."""
         from tritune.kernels.frontend import tuned_op
 
@@ -182,17 +185,32 @@ class Backend:
         return history_of(self.db)
 
 
-def rewrite(gm: fx.GraphModule, hits: list[tuple[graph.Match, str]]) -> None:
-    """Replace each matched contraction and its fused epilogue by one call of the tuned op (its spec)."""
-    from tritune.kernels.frontend import tuned_op
+def _resolve(history: Any, site: Matched, info: dict) -> list[tuple[Matched, str, Any]]:
+    """(site, kind, best config) of a site: 'tuned' (a tritune kernel won), 'library' or 'miss';
+    where a gated pair's kernel does not run, also its two contractions that have records."""
+    def kind(expr: Any) -> tuple[str, Any]:
+        config = None if history is None else history.best(expr.key, device_key(info, expr.op))
+        return ("miss" if config is None else "library" if config.library is not None else "tuned"), config
 
+    found = [(site, *kind(site.expr))]
+    if isinstance(site, graph.GatedMatch) and found[0][1] != "tuned":
+        found += [(p, *kind(p.expr)) for p in site.projections]
+        found = found[:1] + [f for f in found[1:] if f[1] != "miss"]  # the pair's own record covers them
+    return found
+
+
+def rewrite(gm: fx.GraphModule, hits: list[tuple[Matched, str]]) -> None:
+    """Replace each matched site (a contraction and its fused epilogue, or a gated pair) by one
+    call of its tuned op (its spec)."""
     g, replaced = gm.graph, {}
+
+    def get(node: Any) -> Any:
+        return replaced.get(node, node)
+
     for m, spec in hits:
-        a, b, bias = (replaced.get(n, n) for n in (m.a, m.b, m.bias))
         with g.inserting_before(m.last):
-            if bias is not None and graph.val(m.bias).dim() != 1:
-                bias = g.call_function(torch.ops.aten.view.default, (bias, [m.expr.n]))
-            out = fused = g.call_function(tuned_op.OP, (a, b, bias, spec))
+            call = _gated_call if isinstance(m, graph.GatedMatch) else _matmul_call
+            out = fused = call(g, m, spec, get)
             fused.meta["val"] = graph.val(m.node)
             if graph.val(m.last).shape != graph.val(m.node).shape:
                 out = g.call_function(torch.ops.aten.view.default, (fused, list(graph.val(m.last).shape)))
@@ -204,7 +222,33 @@ def rewrite(gm: fx.GraphModule, hits: list[tuple[graph.Match, str]]) -> None:
     gm.recompile()
 
 
-def graph_signature(gm: fx.GraphModule, hits: list[tuple[graph.Match, str]]) -> str:
+def _matmul_call(g: fx.Graph, m: graph.Match, spec: str, get: Callable) -> fx.Node:
+    """torch.ops.tritune.matmul(a, b, bias, inputs, spec), the bias and inputs shaped as it takes them."""
+    from tritune.kernels.frontend import tuned_op
+
+    expr, out = m.expr, graph.val(m.node)
+    shapes = {"mn": list(out.shape), "m": [expr.m], "n": [expr.n]}
+    bias = None if m.bias is None else _shaped(g, get(m.bias), graph.val(m.bias), [expr.n])
+    inputs = [_shaped(g, get(n), graph.val(n), shapes[kind.shape]) for n, kind in zip(m.inputs, expr.inputs)]
+    return g.call_function(tuned_op.OP, (get(m.a), get(m.b), bias, inputs, spec))
+
+
+def _gated_call(g: fx.Graph, m: graph.GatedMatch, spec: str, get: Callable) -> fx.Node:
+    """torch.ops.tritune.gated(x, w1, w2, b1, b2, spec), the biases as [N] vectors."""
+    from tritune.kernels.frontend import tuned_op
+
+    b1, b2 = (None if b is None else _shaped(g, get(b), graph.val(b), [m.expr.n]) for b in (m.b1, m.b2))
+    return g.call_function(tuned_op.GATED_OP, (get(m.x), get(m.w1), get(m.w2), b1, b2, spec))
+
+
+def _shaped(g: fx.Graph, node: fx.Node, value: Any, shape: list[int]) -> fx.Node:
+    """`node` reshaped to `shape` (itself where it has that shape already)."""
+    if list(value.shape) == shape:
+        return node
+    return g.call_function(torch.ops.aten.reshape.default, (node, shape))
+
+
+def graph_signature(gm: fx.GraphModule, hits: list[tuple[Matched, str]]) -> str:
     """What a graph verdict is keyed by: the ATen graph's ops (how many of each) and the tuned kernel
     of each rewritten site; a changed graph or a re-tuned site is another graph."""
     ops = Counter(str(n.target) for n in gm.graph.nodes if n.op == "call_function")

@@ -2,9 +2,10 @@
 
 The model is captured with torch.export (nothing is computed, so uninitialised weights do, e.g.
 `model.to_empty(device=...)`), traced to the normal form the torch.compile backend matches on
-(`graph.aten_graph`), and every contraction with its fusable epilogue becomes a task; equal
-workloads are counted once. Capture on the device the model runs on: ops that pick their kernel by
-device trace differently elsewhere (on "meta", attention becomes its math form, with two bmm).
+(`graph.aten_graph`), and every contraction with its fusable epilogue (`graph.find`: any chain of
+elementwise ops, residuals and row / column vectors as extra inputs) and every gated pair
+act(x @ W1ᵀ) * (x @ W2ᵀ) becomes a task; equal workloads are counted once. Capture on the device
+the model runs on: ops that pick their kernel by device trace differently elsewhere (on "meta", attention becomes its math form, with two bmm).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from tritune.kernels.contraction.expr import Matmul
+from tritune.kernels.gated.expr import Gated
 
 
 class ExtractError(ValueError):
@@ -20,9 +22,10 @@ class ExtractError(ValueError):
 
 @dataclass(frozen=True)
 class ModelTask:
-    """One distinct workload of a model, how often a forward pass runs it, and what did not fuse."""
+    """One distinct workload of a model (a contraction and its epilogue, or a gated pair), how
+    often a forward pass runs it, and the elementwise ops after it that did not fuse."""
 
-    expr: Matmul
+    expr: Matmul | Gated
     count: int
     unfused: tuple[str, ...] = ()
 
@@ -32,14 +35,14 @@ class ModelTask:
         return self.count * self.expr.flops
 
     def describe(self) -> str:
-        """e.g. 'matmul 2048x4096x4096 fp16 NT+bias x4 (residual add unfused)'."""
+        """e.g. 'matmul 2048x4096x4096 fp16 NT+bias x4 (where unfused)'."""
         tail = f" ({', '.join(self.unfused)} unfused)" if self.unfused else ""
         return f"{self.expr.describe()} x{self.count}{tail}"
 
 
 def extract_tasks(model: Any, example_inputs: Any, *, allow_tf32: bool | None = None) -> list[ModelTask]:
-    """The contraction workloads of `model(*example_inputs)`, deduplicated with counts, in the order
-    the model first runs them. allow_tf32 (fp32 models) defaults to torch's matmul precision setting.
+    """The contraction and gated workloads of `model(*example_inputs)`, deduplicated with counts,
+    in the order the model first runs them. allow_tf32 (fp32 models) defaults to torch's matmul precision setting.
     """
     import torch
 

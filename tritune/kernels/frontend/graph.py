@@ -1,6 +1,6 @@
-"""Contractions in a traced model: each mm / addmm / bmm / baddbmm with the pointwise steps after it
-that the contraction template fuses as its epilogue (bias, scale, relu, gelu). Outer products
-(K = 1, e.g. rotary embeddings' position x frequency) are no contraction worth a kernel.
+"""Contractions in a traced model: each mm / addmm / bmm / baddbmm with the pointwise epilogue
+after it (`epilogue_match`), and gated pairs act(x @ W1ᵀ [+ b1]) * (x @ W2ᵀ [+ b2]) as one site.
+Outer products (K = 1, e.g. rotary embeddings' position x frequency) are no contraction worth a kernel.
 
 Task extraction and the torch.compile backend match on one normal form (`aten_graph`): the model
 traced to ATen ops on fake tensors, where linear and matmul have decomposed into t / view +
@@ -9,29 +9,34 @@ decompositions). Both therefore see the same workloads, and the backend finds wh
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
 
 from tritune.kernels.contraction.expr import Matmul
-from tritune.kernels.epilogue import BiasAdd, Epilogue, Gelu, Relu, Scale
+from tritune.kernels.epilogue import BiasAdd, Binary, Gelu, Scale, Unary
 from tritune.kernels.expr import ExprError
+from tritune.kernels.frontend.epilogue_match import MAX_NODES, VIEWS, Scope, follow, is_view_of, static, val
 from tritune.kernels.frontend.ops import DTYPE_NAMES, contraction_expr, layout_of
+from tritune.kernels.gated.expr import Gated
 
 A = torch.ops.aten
 CONTRACTIONS = (A.mm.default, A.addmm.default, A.bmm.default, A.baddbmm.default)
-RESHAPES = (A.view.default, A._unsafe_view.default, A.reshape.default)
+# the gate's epilogue -> the gated kernel's activation
+ACTIVATIONS = {(Unary("silu"),): "silu", (Binary("mul", (Unary("sigmoid"),)),): "silu", (Gelu(),): "gelu",
+               (Gelu("tanh"),): "gelu_tanh"}
 
 
 @dataclass(frozen=True)
 class Match:
     """One contraction and the epilogue fused after it.
 
-    The kernel reads `a`, `b` (and `bias`) and its output replaces the value of `last` (the
-    contraction itself, or the last fused pointwise op). `unfused` names the op after `last` that
-    reads the result but cannot fuse (e.g. 'residual add'), or is empty.
+    The kernel reads `a`, `b`, `bias` and the extra epilogue `inputs` (in `expr.inputs` order), and
+    its output replaces the value of `last` (the contraction itself, or the last fused pointwise
+    op); `nodes` are those it computes. `unfused` names the elementwise op after `last` that reads
+    the result but could not fuse, or is empty.
     """
 
     expr: Matmul
@@ -40,6 +45,28 @@ class Match:
     b: fx.Node
     bias: fx.Node | None
     last: fx.Node
+    unfused: str = ""
+    inputs: tuple[fx.Node, ...] = ()
+    nodes: frozenset[fx.Node] = frozenset()
+
+
+@dataclass(frozen=True)
+class GatedMatch:
+    """act(x @ w1 [+ b1]) * (x @ w2 [+ b2]): the gate's contraction `node`, the other one's `up`,
+    their shared input `x` and [K, N] operands `w1`, `w2`; the kernel's output replaces `last` (the
+    product). `projections` are the two contractions' own matches, for when the gated kernel does
+    not run."""
+
+    expr: Gated
+    node: fx.Node
+    up: fx.Node
+    x: fx.Node
+    w1: fx.Node
+    w2: fx.Node
+    b1: fx.Node | None
+    b2: fx.Node | None
+    last: fx.Node
+    projections: tuple[Match, ...] = ()
     unfused: str = ""
 
 
@@ -63,23 +90,30 @@ def tf32_allowed() -> bool:
     return torch.get_float32_matmul_precision() != "highest"
 
 
-def find(gm: fx.GraphModule, allow_tf32: bool = True) -> list[Match]:
-    """Every contraction of the graph that a tritune kernel can compute, in graph order."""
-    found = (_match(n, allow_tf32) for n in gm.graph.nodes if n.op == "call_function" and n.target in CONTRACTIONS)
-    return [m for m in found if m is not None]
+def find(gm: fx.GraphModule, allow_tf32: bool = True) -> list[Match | GatedMatch]:
+    """Every site of the graph a tritune kernel can compute, in graph order: contractions (a later
+    one does not fuse ops an earlier one already did) and gated pairs, which carry the matches of
+    their two contractions instead of listing them."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    matches: dict[fx.Node, Match] = {}
+    claimed: frozenset[fx.Node] = frozenset()
+    for n in calls:
+        if n.target in CONTRACTIONS and (m := _match(n, allow_tf32, Scope(n, order, claimed))) is not None:
+            matches[n] = m
+            claimed |= m.nodes
+    sites: dict[fx.Node, Match | GatedMatch] = {}
+    for n in calls:
+        if n.target == A.mul.Tensor and (g := _gated(n, order, allow_tf32)) is not None:
+            pair = tuple(matches.pop(p) for p in (g.node, g.up) if p in matches)
+            sites[min(g.node, g.up, key=order.__getitem__)] = replace(g, projections=pair)
+    sites.update(matches)
+    return [sites[n] for n in sorted(sites, key=order.__getitem__)]
 
 
-def val(node: Any) -> Any:
-    """The fake tensor (or constant) a node computes."""
-    return node.meta.get("val") if isinstance(node, fx.Node) else node
-
-
-def _static(*tensors: Any) -> bool:
-    return all(isinstance(t, torch.Tensor) and all(type(d) is int for d in (*t.shape, *t.stride()))
-               for t in tensors)
-
-
-def _match(node: fx.Node, allow_tf32: bool) -> Match | None:
+def _operands(node: fx.Node) -> tuple[fx.Node, fx.Node, tuple, fx.Node | None] | None:
+    """A contraction's operands a, b, the steps it applies itself (alpha, an addmm's bias) as a
+    chain, and its bias; None where no tritune kernel computes it."""
     if node.target in (A.mm.default, A.bmm.default):
         (a, b), bias, alpha = node.args[:2], None, 1
     else:
@@ -87,74 +121,104 @@ def _match(node: fx.Node, allow_tf32: bool) -> Match | None:
         if node.kwargs.get("beta", 1) != 1:
             return None
     av, bv, out = val(a), val(b), val(node)
-    if not _static(av, bv, out) or str(av.dtype) not in DTYPE_NAMES or layout_of(av) is None or layout_of(bv) is None:
+    if not static(av, bv, out) or str(av.dtype) not in DTYPE_NAMES or layout_of(av) is None or layout_of(bv) is None:
         return None
     if av.shape[-1] == 1:
         return None  # an outer product: Inductor makes it a broadcast multiply, fused with its neighbours
-    steps: list[Epilogue] = [Scale(float(alpha))] if alpha != 1 else []
+    start = ((Scale(float(alpha)), ()),) if alpha != 1 else ()
     if bias is not None:
         if not _is_bias(val(bias), out):
             return None  # a full [M, N] input of addmm / baddbmm is no bias vector
-        steps.append(BiasAdd())
-    last, bias, unfused = _follow(node, steps, bias)
-    try:
-        expr = contraction_expr(av, bv, steps, allow_tf32)
-    except ExprError:
-        return None
-    return Match(expr, node, a, b, bias, last, unfused)
+        start += ((BiasAdd(), ()),)
+    return a, b, start, bias
 
 
 def _is_bias(v: Any, out: Any) -> bool:
     """A vector over the output columns: shape [N] (or 1s then N) and the output's dtype."""
-    return (_static(v) and v.dtype == out.dtype and v.dim() >= 1 and v.shape[-1] == out.shape[-1]
+    return (static(v) and v.dtype == out.dtype and v.dim() >= 1 and v.shape[-1] == out.shape[-1]
             and v.numel() == out.shape[-1] and v.dim() <= out.dim())
 
 
-def _follow(node: fx.Node, steps: list[Epilogue], bias: fx.Node | None) -> tuple[fx.Node, fx.Node | None, str]:
-    """Walk the single-user chain after a contraction, appending fusable steps; stop at anything else."""
-    out = val(node)
-    cur = last = node
-    while len(cur.users) == 1:
-        user = next(iter(cur.users))
-        uv = val(user)
-        if user.op != "call_function" or not _static(uv) or uv.dtype != out.dtype:
-            break
-        if user.target in RESHAPES:
-            if uv.shape[-1] != out.shape[-1]:
-                break  # a reshape that regroups columns would change what a bias index means
-            cur = user
+def _match(node: fx.Node, allow_tf32: bool, scope: Scope) -> Match | None:
+    found = _operands(node)
+    if found is None:
+        return None
+    a, b, start, bias = found
+    region = follow(scope, start, bias)
+    try:
+        expr = contraction_expr(val(a), val(b), region.steps, allow_tf32)
+    except ExprError:
+        return None
+    return Match(expr, node, a, b, region.bias, region.last, region.unfused, region.inputs, region.nodes)
+
+
+def _gated(mul: fx.Node, order: dict[fx.Node, int], allow_tf32: bool) -> GatedMatch | None:
+    """The gated pair whose product `mul` is, either side the gate; None if it is none."""
+    x, y = mul.args[:2]
+    if not isinstance(x, fx.Node) or not isinstance(y, fx.Node) or x is y:
+        return None
+    return _gated_as(x, y, mul, order, allow_tf32) or _gated_as(y, x, mul, order, allow_tf32)
+
+
+def _gated_as(gate_side: fx.Node, up_side: fx.Node, mul: fx.Node, order: dict[fx.Node, int],
+              allow_tf32: bool) -> GatedMatch | None:
+    """mul = gate_side * up_side as act(x @ w1 [+ b1]) * (x @ w2 [+ b2]), or None."""
+    sides = []
+    for side in (gate_side, up_side):
+        node = _source(side)
+        found = None if node is None or node.target not in (A.mm.default, A.addmm.default) else _operands(node)
+        if found is None:
+            return None
+        region = follow(Scope(node, order, frozenset({mul})), found[2], found[3])
+        if not is_view_of(side, region.last) or not _only_feeds(region.last, mul) or region.inputs:
+            return None
+        sides.append((node, found[0], found[1], region))
+    (gate, xg, w1, rg), (up, xu, w2, ru) = sides
+    bias = (BiasAdd(),) if rg.bias is not None else ()
+    if gate is up or ru.steps != bias or rg.steps[:len(bias)] != bias or not _same(xg, xu):
+        return None
+    act = ACTIVATIONS.get(rg.steps[len(bias):])
+    xv, w1v, w2v = val(xg), val(w1), val(w2)
+    if act is None or layout_of(xv) or w1v.stride() != w2v.stride() or (ru.bias is None) != (rg.bias is None):
+        return None
+    if bias and (val(rg.bias).stride() != val(ru.bias).stride() or val(rg.bias).shape != val(ru.bias).shape):
+        return None
+    try:
+        expr = Gated(xv.shape[0], w1v.shape[1], xv.shape[1], DTYPE_NAMES[str(xv.dtype)], act,
+                     trans_b=bool(layout_of(w1v)), bias=bool(bias), allow_tf32=allow_tf32)
+    except ExprError:
+        return None
+    return GatedMatch(expr, gate, up, xg, w1, w2, rg.bias, ru.bias, mul)
+
+
+def _source(node: fx.Node) -> fx.Node | None:
+    """The first contraction reached going back from `node` through elementwise ops and views."""
+    todo, seen = [node], set()
+    while todo and len(seen) < MAX_NODES:
+        n = todo.pop(0)
+        if n.op != "call_function" or n in seen:
             continue
-        step, extra = _step(user, cur, out, bias is not None)
-        if step is None:
-            return last, bias, extra if isinstance(extra, str) else ""
-        steps.append(step)
-        bias = extra if isinstance(extra, fx.Node) else bias
-        cur = last = user
-    return last, bias, ""
+        if n.target in CONTRACTIONS:
+            return n
+        seen.add(n)
+        if n.target in VIEWS or torch.Tag.pointwise in getattr(n.target, "tags", ()):
+            todo.extend(n.all_input_nodes)
+    return None
 
 
-def _number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+def _only_feeds(node: fx.Node, target: fx.Node) -> bool:
+    """Whether `node` reaches `target` through single-user views and is read nowhere else."""
+    while node is not target:
+        if len(node.users) != 1:
+            return False
+        node = next(iter(node.users))
+    return True
 
 
-def _step(user: fx.Node, cur: fx.Node, out: Any, has_bias: bool) -> tuple[Epilogue | None, Any]:
-    """The epilogue step `user` applies to `cur` (and a new bias node), or None and why not."""
-    t, args, kwargs = user.target, user.args, user.kwargs
-    if t == A.gelu.default:
-        return Gelu(kwargs.get("approximate", "none")), None
-    if t == A.relu.default:
-        return Relu(), None
-    if t in (A.mul.Tensor, A.mul.Scalar):
-        other = args[1] if args[0] is cur else args[0]
-        return (Scale(float(other)), None) if _number(other) else (None, None)
-    if t in (A.div.Tensor, A.div.Scalar) and args[0] is cur and "rounding_mode" not in kwargs:
-        return (Scale(1.0 / args[1]), None) if _number(args[1]) and args[1] != 0 else (None, None)
-    if t == A.add.Tensor and kwargs.get("alpha", 1) == 1:
-        other = args[1] if args[0] is cur else args[0]
-        if not isinstance(other, fx.Node) or other is cur:
-            return None, None
-        if not has_bias and _is_bias(val(other), out):
-            return BiasAdd(), other
-        # a second [M, N] tensor needs an epilogue input the contraction template does not have yet
-        return None, "residual add" if _static(val(other)) and val(other).numel() == val(user).numel() else None
-    return None, None
+def _same(x: fx.Node, y: fx.Node) -> bool:
+    """Whether two nodes hold the same tensor: one node, or equal views of one."""
+    if x is y:
+        return True
+    same_view = x.target in VIEWS and y.target in VIEWS and x.args[0] is y.args[0]
+    return same_view and val(x).shape == val(y).shape and val(x).stride() == val(y).stride()
+

@@ -1,4 +1,5 @@
-"""User-facing ops that run tuned kernels: `tritune.ops.matmul(a, b, bias=None, ...)`.
+"""User-facing ops that run tuned kernels: `tritune.ops.matmul(a, b, bias=None, ...)`, with any
+epilogue (`epilogue=` steps) and the extra tensors it reads (`inputs=`).
 
 Config choice, in order: the best stored config of this exact workload on this device (which may
 be a library call, when that measured fastest); else that of the nearest tuned shape of the same op
@@ -75,6 +76,21 @@ def contraction_expr(a: Any, b: Any, epilogue: Sequence[Epilogue], allow_tf32: b
                   allow_tf32=allow_tf32)
 
 
+def input_problem(expr: Matmul, inputs: Sequence[Any], out_shape: Sequence[int]) -> str:
+    """Why `inputs` are not the extra tensors the epilogue reads for an output of `out_shape` ('' when
+    they are): a residual of the output's shape (or [M, N], shared by a batch), [M] or [N] vectors,
+    each in its Input's dtype."""
+    if len(inputs) != len(expr.inputs):
+        return f"the epilogue reads {len(expr.inputs)} extra inputs, got {len(inputs)}"
+    shapes = {"mn": (tuple(out_shape), tuple(out_shape[-2:])), "m": ((expr.m,),), "n": ((expr.n,),)}
+    for i, (t, kind) in enumerate(zip(inputs, expr.inputs)):
+        dtype = DTYPE_NAMES.get(str(t.dtype), str(t.dtype))
+        if dtype != kind.dtype or tuple(t.shape) not in shapes[kind.shape]:
+            return (f"epilogue input {i} must be {kind.dtype} of shape {shapes[kind.shape][0]}, got {dtype} "
+                    f"{tuple(t.shape)}")
+    return ""
+
+
 def _expr_of(a: Any, b: Any, bias: Any, epilogue: Sequence[Epilogue], allow_tf32: bool = True) -> Matmul:
     steps = tuple(epilogue)
     if bias is not None and not any(e.needs_bias for e in steps):
@@ -124,11 +140,13 @@ def _warn(choice: Choice, what: str) -> Choice:
     return choice
 
 
-def matmul(a: Any, b: Any, bias: Any = None, *, epilogue: Sequence[Epilogue] = (), db: Any = None,
-           config: Config | None = None, allow_tf32: bool = True) -> Any:
+def matmul(a: Any, b: Any, bias: Any = None, *, epilogue: Sequence[Epilogue] = (), inputs: Sequence[Any] = (),
+           db: Any = None, config: Config | None = None, allow_tf32: bool = True) -> Any:
     """epilogue(a @ b [+ bias]) with the best tuned config (or exactly `config`); a, b 2-D or 3-D tensors.
 
-    allow_tf32 lets fp32 operands use tf32 tensor cores (and picks the records tuned that way).
+    `inputs` are the extra tensors the epilogue's steps read (its `Input`s, in order): a residual of
+    the output's shape, [M] or [N] vectors. allow_tf32 lets fp32 operands use tf32 tensor cores
+    (and picks the records tuned that way).
     """
     source = config if config is not None else history_of(db)
     steps = epilogue if type(epilogue) is tuple else tuple(epilogue)
@@ -136,22 +154,24 @@ def matmul(a: Any, b: Any, bias: Any = None, *, epilogue: Sequence[Epilogue] = (
     # with the cheapest accessors: this key is built on every call.
     sig = (a.shape, a.stride(), a.dtype, a.data_ptr() & 15, a.get_device(),
            b.shape, b.stride(), b.dtype, b.data_ptr() & 15, b.get_device(), steps, source, allow_tf32,
-           None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.data_ptr() & 15, bias.get_device()))
+           None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.data_ptr() & 15, bias.get_device()),
+           *((t.shape, t.stride(), t.dtype, t.data_ptr() & 15, t.get_device()) for t in inputs))
     entry = _entries.get(sig)
     if entry is None:
-        entry = _entries[sig] = _prepare(a, b, bias, steps, source, allow_tf32)
+        entry = _entries[sig] = _prepare(a, b, bias, steps, tuple(inputs), source, allow_tf32)
     kernel, _, shape, strides, dtype, device, copy_a, copy_b = entry
     if copy_a:
         a = a.contiguous()
     if copy_b:
         b = b.contiguous()
     out = torch.empty_strided(shape, strides, dtype=dtype, device=device)
-    kernel(a, b, out, bias)
+    kernel(a, b, out, bias, *inputs)
     return out
 
 
-def _prepare(a: Any, b: Any, bias: Any, epilogue: Sequence[Epilogue], source: Any, allow_tf32: bool) -> _Entry:
-    if a.device != b.device or (bias is not None and bias.device != a.device):
+def _prepare(a: Any, b: Any, bias: Any, epilogue: Sequence[Epilogue], inputs: tuple, source: Any,
+             allow_tf32: bool) -> _Entry:
+    if any(t is not None and t.device != a.device for t in (b, bias, *inputs)):
         raise ExprError(f"matmul operands are on different devices: {a.device} and {b.device}")
     if bias is not None and bias.dtype != a.dtype:
         raise ExprError(f"bias dtype {bias.dtype} differs from the operands' {a.dtype}")
@@ -165,8 +185,11 @@ def _prepare(a: Any, b: Any, bias: Any, epilogue: Sequence[Epilogue], source: An
     else:
         choice = choose(expr, source, (a.device.index or 0) if a.is_cuda else 0)
     shape = (expr.batch, expr.m, expr.n) if max(a.dim(), b.dim()) == 3 else (expr.m, expr.n)
+    why = input_problem(expr, inputs, shape)
+    if why:
+        raise ExprError(why)
     probe = a.new_empty(shape)  # the output is always a fresh contiguous tensor like this one
-    kernel = family(expr.op).kernel(expr, choice.config, problem_of(expr, a, b, probe, bias))
+    kernel = family(expr.op).kernel(expr, choice.config, problem_of(expr, a, b, probe, bias, *inputs))
     return _Entry(kernel, choice, shape, probe.stride(), a.dtype, a.device, copy_a, copy_b)
 
 

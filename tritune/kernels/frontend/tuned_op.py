@@ -1,13 +1,20 @@
-"""`torch.ops.tritune.matmul(a, b, bias, spec)`: the op a compiled graph calls for a tuned contraction.
+"""The ops a compiled graph calls for tuned sites:
 
-A `torch.library.triton_op`: when torch.compile traces it, its body becomes a launch of the tuned
-Triton kernel in Inductor's own generated code (Inductor compiles it with its other kernels, plans
-its buffers, and launches it without Python per call, under CUDA graphs too); called eagerly it
-launches the kernel through Triton's JIT. `spec` (a string, so that Inductor's caches carry it)
-names the expression and the config of one call site.
+    torch.ops.tritune.matmul(a, b, bias, inputs, spec)   epilogue(a @ b [+ bias]), `inputs` the
+                                                         epilogue's extra tensors (expr.inputs order)
+    torch.ops.tritune.gated(x, w1, w2, b1, b2, spec)     act(x @ w1 [+ b1]) * (x @ w2 [+ b2]), w1 and
+                                                         w2 the [K, N] operands of the products
 
-Operands whose layout is not the one tuned (a row-major operand where a transposed one was tuned)
-run the expression as torch ops instead: correct, and visible to Inductor like any other op.
+Each is a `torch.library.triton_op`: when torch.compile traces it, its body becomes a launch of the
+tuned Triton kernel in Inductor's own generated code (Inductor compiles it with its other kernels,
+plans its buffers, and launches it without Python per call, under CUDA graphs too); called eagerly
+it launches the kernel through Triton's JIT. `spec` (a string, so that Inductor's caches carry it)
+names the expression and the config of one call site. The kernel source is specialised to the
+site's sizes and strides (constexprs): a compiled model launches it with pointers alone, as
+Inductor launches its own templates (each int argument is host time on every call).
+
+Operands whose layout or dtypes are not the ones tuned run the expression as torch ops instead:
+correct, and visible to Inductor like any other op.
 """
 from __future__ import annotations
 
@@ -23,45 +30,57 @@ from tritune.kernels.contraction import launch
 from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.contraction.family import MATMUL
 from tritune.kernels.device import current_sms, interpreted
-from tritune.kernels.frontend.ops import layout_of
+from tritune.kernels.frontend.ops import DTYPE_NAMES, input_problem, layout_of
+from tritune.kernels.gated import launch as gated_launch
+from tritune.kernels.gated.expr import Gated
+from tritune.kernels.gated.family import GATED
 from tritune.schedules.config import Config
 
-
 log = logging.getLogger("tritune.compiler")
-_misfits: set["Site"] = set()
+_misfits: set[Any] = set()
 
 
-def spec_of(expr: Matmul, config: Config) -> str:
+def spec_of(expr: Matmul | Gated, config: Config) -> str:
     """The op's spec for one call site: the expression and the config to run."""
     return json.dumps({"expr": expr.to_dict(), "config": json.loads(config.to_json())}, sort_keys=True,
                       separators=(",", ":"))
 
 
-class Site:
-    """One call site: its kernel function, grid and compile-time parameters."""
+def _misfit(site: Any) -> None:
+    """Log once per site (at trace time, not per call) that it runs as torch ops."""
+    if site not in _misfits:
+        _misfits.add(site)
+        log.warning("tritune: %s was tuned for other operand layouts or dtypes than this call's: it runs as "
+                    "torch ops", site.expr.describe())
 
-    def __init__(self, spec: str) -> None:
-        data = json.loads(spec)
-        self.expr, self.config = Matmul.from_dict(data["expr"]), Config.of(data["config"])
-        expr, config = self.expr, self.config
-        # sizes and strides as constexprs: a compiled model launches it with pointers alone, as
-        # Inductor launches its own templates (each int argument is host time on every call)
+
+def _consts(module: Any, expr: Any, config: Config) -> dict[str, Any]:
+    return {**module.constexprs(expr, config), "num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+
+
+class Site:
+    """One contraction call site: its kernel function, grid and compile-time parameters."""
+
+    def __init__(self, expr: Matmul, config: Config) -> None:
+        self.expr, self.config = expr, config
         self.fn = launch.template.load(expr, specialize=True)
         self.int_names = (*launch.INT_NAMES, *launch.template.input_int_names(expr))
         self.grid = launch.grid(expr, config, current_sms() if config.get("PERSISTENT", 0) else 0)
-        self.consts = {**launch.constexprs(expr, config), "num_warps": config["num_warps"],
-                       "num_stages": config["num_stages"]}
+        self.consts = _consts(launch, expr, config)
         # split-K's fp32 partial tiles and arrival counters
         self.slots = launch.tiles(expr, config) * expr.batch
         self.ws = self.slots * config.get("SPLIT_K", 1) * config["BLOCK_M"] * config["BLOCK_N"]
 
-    def fits(self, a: Any, b: Any, out: Any, bias: Any) -> bool:
+    def fits(self, a: Any, b: Any, out: Any, bias: Any, inputs: list) -> bool:
         """Whether the operands have the layout the kernel was tuned for (and, for tensor-descriptor
-        loads, the strides those need; base pointers are assumed 16-byte aligned, as Inductor's are)."""
+        loads, the strides those need; base pointers are assumed 16-byte aligned, as Inductor's are)
+        and the extra inputs the epilogue's kinds and dtypes."""
         expr, tma = self.expr, self.config.get("TMA", 0)
         if layout_of(a) is not expr.trans_a or layout_of(b) is not expr.trans_b:
             return False
-        problem = launch.Problem(expr.batch, launch.ints_of(expr, a, b, out, bias), (True,) * 4)
+        if input_problem(expr, inputs, out.shape):
+            return False
+        problem = launch.Problem(expr.batch, launch.ints_of(expr, a, b, out, bias, *inputs), (True,) * 4)
         return not tma or launch.tma_unfit(expr, problem, store=tma == 2) is None
 
     def empty_out(self, a: Any, b: Any) -> Any:
@@ -69,14 +88,11 @@ class Site:
         expr = self.expr
         return a.new_empty((expr.batch, expr.m, expr.n) if 3 in (a.dim(), b.dim()) else (expr.m, expr.n))
 
-    def __call__(self, a: Any, b: Any, bias: Any) -> Any:
+    def __call__(self, a: Any, b: Any, bias: Any, inputs: list) -> Any:
         expr, out = self.expr, self.empty_out(a, b)
-        if not self.fits(a, b, out, bias):
-            if self not in _misfits:  # at trace time: once per site, not per call
-                _misfits.add(self)
-                log.warning("tritune: %s was tuned for other operand layouts than this call's: it runs as "
-                            "torch ops", expr.describe())
-            return MATMUL.expression(expr)(a, b, out, bias)
+        if not self.fits(a, b, out, bias, inputs):
+            _misfit(self)
+            return MATMUL.expression(expr)(a, b, out, bias, *inputs)
         # split-K's scratch; without split-K the kernel never touches either, so `a` stands in (no
         # allocation, no zeroing launch: each is host time on every call of a compiled model)
         ws = locks = a
@@ -84,27 +100,76 @@ class Site:
             ws, locks = a.new_empty(self.ws, dtype=torch.float32), a.new_zeros(self.slots, dtype=torch.int32)
         if self.config.get("TMA", 0):
             launch.use_torch_scratch()
-        ints = dict(zip(self.int_names, launch.ints_of(expr, a, b, out, bias)))
-        wrap_triton(self.fn)[self.grid](a, b, out, bias if expr.has_bias else out, ws, locks, **ints, **self.consts)
+        ints = dict(zip(self.int_names, launch.ints_of(expr, a, b, out, bias, *inputs)))
+        wrap_triton(self.fn)[self.grid](a, b, out, bias if expr.has_bias else out, ws, locks, *inputs, **ints,
+                                        **self.consts)
         return out
 
 
+class GatedSite:
+    """One gated call site: its kernel function, grid and compile-time parameters."""
+
+    def __init__(self, expr: Gated, config: Config) -> None:
+        self.expr, self.config = expr, config
+        self.fn = gated_launch.template.load(expr, specialize=True)
+        self.grid = gated_launch.grid(expr, config)
+        self.consts = _consts(gated_launch, expr, config)
+
+    def __call__(self, x: Any, w1: Any, w2: Any, b1: Any, b2: Any) -> Any:
+        expr = self.expr
+        out = x.new_empty((expr.m, expr.n))
+        # the kernel takes the weights as stored ([N, K] for nn.Linear's), the graph their [K, N] views
+        w1, w2 = (w1.t(), w2.t()) if expr.trans_b else (w1, w2)
+        if not self.fits(x, w1, w2, b1, b2):
+            _misfit(self)
+            return GATED.expression(expr)(x, w1, w2, out, b1, b2)
+        ints = dict(zip(gated_launch.INTS, gated_launch.ints_of(expr, x, w1, w2, out, b1, b2)))
+        bias = expr.bias
+        wrap_triton(self.fn)[self.grid](x, w1, w2, out, b1 if bias else out, b2 if bias else out, **ints,
+                                        **self.consts)
+        return out
+
+    def fits(self, x: Any, w1: Any, w2: Any, b1: Any, b2: Any) -> bool:
+        """Whether x is row-major in the tuned dtype and the weights (as stored: [N, K] or [K, N])
+        row-major and alike, as the biases are."""
+        expr = self.expr
+        biases = not expr.bias or (b1.dim() == b2.dim() == 1 and b1.stride() == b2.stride())
+        return (layout_of(x) is False and DTYPE_NAMES.get(str(x.dtype)) == expr.dtype and w1.stride()[-1] == 1
+                and w1.stride() == w2.stride() and biases)
+
+
 @lru_cache(maxsize=None)
-def site(spec: str) -> Site:
+def site(spec: str) -> Site | GatedSite:
     """The call site of a spec (its kernel source generated and loaded once)."""
-    return Site(spec)
+    data = json.loads(spec)
+    config = Config.of(data["config"])
+    if data["expr"].get("op") == Gated.op:
+        return GatedSite(Gated.from_dict(data["expr"]), config)
+    return Site(Matmul.from_dict(data["expr"]), config)
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], spec: str) -> torch.Tensor:
+def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], inputs: list[torch.Tensor],
+           spec: str) -> torch.Tensor:
     """epilogue(a @ b [+ bias]) by the tuned kernel of `spec` (a fresh contiguous output)."""
-    return site(spec)(a, b, bias)
+    return site(spec)(a, b, bias, inputs)
+
+
+def gated(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, b1: Optional[torch.Tensor],
+          b2: Optional[torch.Tensor], spec: str) -> torch.Tensor:
+    """act(x @ w1 [+ b1]) * (x @ w2 [+ b2]) by the tuned kernel of `spec` (a fresh [M, N] output)."""
+    return site(spec)(x, w1, w2, b1, b2)
 
 
 if interpreted():
     # The interpreter's kernels cannot be traced into Inductor's code (they are not JIT functions):
-    # on a CPU the op stays opaque and runs them eagerly, so the rest of the route is testable there.
+    # on a CPU the ops stay opaque and run them eagerly, so the rest of the route is testable there.
     torch.library.custom_op("tritune::matmul", matmul, mutates_args=())
-    torch.library.register_fake("tritune::matmul", lambda a, b, bias, spec: site(spec).empty_out(a, b))
+    torch.library.register_fake("tritune::matmul", lambda a, b, bias, inputs, spec: site(spec).empty_out(a, b))
+    torch.library.custom_op("tritune::gated", gated, mutates_args=())
+    torch.library.register_fake("tritune::gated", lambda x, w1, w2, b1, b2, spec: x.new_empty(
+        (site(spec).expr.m, site(spec).expr.n)))
 else:
     triton_op("tritune::matmul", matmul, mutates_args=())
+    triton_op("tritune::gated", gated, mutates_args=())
 OP = torch.ops.tritune.matmul.default
+GATED_OP = torch.ops.tritune.gated.default

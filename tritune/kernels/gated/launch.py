@@ -13,7 +13,7 @@ from tritune.schedules.config import Config
 # Replay's last resort: valid for any dual GEMM.
 DEFAULT = Config.of(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3, UNROLL=1, FUSE=0)
 POINTERS = ("X", "W1", "W2", "C", "B1", "B2")
-INTS = ("M", "N", "K", "stride_xm", "stride_xk", "stride_wk", "stride_wn", "stride_cm", "stride_cn", "stride_b")
+INTS = template.INT_NAMES
 
 
 @dataclass(frozen=True)

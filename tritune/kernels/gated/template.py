@@ -15,13 +15,15 @@ from tritune.kernels.contraction.template import PRELUDE
 from tritune.kernels.gated.expr import Gated
 
 KERNEL_NAME = "tritune_gated"
+# the kernel's integer parameters: sizes, then the strides of x, the weights (as [K, N]), out, the biases
+INT_NAMES = ("M", "N", "K", "stride_xm", "stride_xk", "stride_wk", "stride_wn", "stride_cm", "stride_cn", "stride_b")
 
 _TEMPLATE = PRELUDE + '''
 
 @triton.jit
 def {name}(
     X, W1, W2, C, B1, B2,
-    M, N, K, stride_xm, stride_xk, stride_wk, stride_wn, stride_cm, stride_cn, stride_b,
+{int_params}
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSE: tl.constexpr,
 ):
@@ -69,14 +71,17 @@ _BIAS = ("    g += tl.load(B1 + offs_n * stride_b, mask=offs_n < N, other=0.0).t
          "    u += tl.load(B2 + offs_n * stride_b, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]\n")
 
 
-def source(expr: Gated) -> str:
-    """The Triton source of the kernel computing `expr`."""
+def source(expr: Gated, specialize: bool = False) -> str:
+    """The Triton source of the kernel computing `expr`; `specialize`: its sizes and strides are
+    constexprs (one binary per shape, launched with pointers only: what a compiled model replays)."""
     emit = Emitter()
     emit.run((expr.act,), "g")
+    kind = ": tl.constexpr" if specialize else ""
     return _TEMPLATE.format(name=KERNEL_NAME, description=expr.describe(), bias=_BIAS if expr.bias else "",
+                            int_params="    " + " ".join(f"{n}{kind}," for n in INT_NAMES),
                             activation="".join(f"    {line}\n" for line in emit.lines))
 
 
-def load(expr: Gated) -> Any:
-    """The @triton.jit function of the generated source for `expr`."""
-    return load_source(source(expr), KERNEL_NAME)
+def load(expr: Gated, specialize: bool = False) -> Any:
+    """The @triton.jit function of the generated source for `expr` (see `source`)."""
+    return load_source(source(expr, specialize), KERNEL_NAME)

@@ -1,0 +1,181 @@
+"""Issue 15's frontend: general pointwise epilogues (residuals, row / column vectors, activations
+written as pointwise ops, x * sigmoid(x)) and gated pairs found in traced models, and replayed by
+the torch.compile backend under the interpreter against eager."""
+import math
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tritune
+from models import Fusions, GatedMLP, fusions_inputs
+from tritune.kernels.device import device_info
+from tritune.kernels.epilogue import BiasAdd, Binary, Clamp, Input, Pow, Relu, Scale, Unary
+from tritune.kernels.family import device_key
+from tritune.kernels.frontend import graph, ops, tuned_op
+from tritune.kernels.gated.expr import Gated
+from tritune.records.database import Database
+from tritune.records.result import MeasureResult, Status
+from tritune.schedules.config import Config
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+
+FAST = Config.of(BLOCK_M=32, BLOCK_N=32, BLOCK_K=16, GROUP_M=1, num_warps=2, num_stages=2, UNROLL=1)
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3}
+GELU_TANH = (Binary("mul", (Binary("add", (Pow(3), Scale(0.044715))), Scale(math.sqrt(2 / math.pi)), Unary("tanh"),
+                            Binary("add", 1.0))), Scale(0.5))
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def epilogues(model, inputs):
+    tasks = tritune.extract_tasks(model, inputs)
+    return [(t.expr.describe(), getattr(t.expr, "epilogue", None), t.count) for t in tasks]
+
+
+def test_every_epilogue_kind_is_captured_from_the_graph():
+    (proj, scaled, gelu, swish) = epilogues(Fusions(), fusions_inputs())
+    assert proj == ("matmul 66x47x29 fp32 NT+bias+add", (BiasAdd(), Binary("add", Input("mn", "fp32"))), 1)
+    # (x @ w) * rows * col: one value per row ([2, 33, 1] of 66 rows), one per column
+    assert scaled[1] == (Binary("mul", Input("m", "fp32")), Binary("mul", Input("n", "fp32")))
+    assert gelu[1] == (BiasAdd(), *GELU_TANH)  # GPT-2's 0.5*x*(1+tanh(...)) as written
+    assert swish[1] == (Binary("mul", (Unary("sigmoid"),)),)
+
+
+class Chains(nn.Module):
+    """Operand order, constants and stops: what each op becomes, and where fusing ends."""
+
+    def forward(self, x, w, v):
+        y = x @ w
+        a = torch.clamp(2.0 - y, min=-1.0).pow(2) / 3.0  # rsub, clamp, pow, div -> scale
+        b = torch.relu(x @ w) + 1.0
+        c = torch.where(x @ w > 0, v, v)  # an op with no step: nothing fuses, and it is named
+        y2 = x @ w
+        d = y2 / y2.sum(-1, keepdim=True)  # read by a row sum: the value leaves the kernel as it is
+        e = (x @ w) / (x @ w).sum(-1, keepdim=True)  # another product's row sums: one value per row
+        f = 1.0 / torch.sigmoid(x @ w)  # the value on the right: rdiv (torch: reciprocal, then * 1)
+        return a, b, c, d, e, f
+
+
+def test_constants_operand_order_and_where_fusing_stops():
+    x, w, v = torch.randn(9, 13), torch.randn(13, 11), torch.randn(9, 11)
+    tasks = tritune.extract_tasks(Chains(), (x, w, v))
+    found = {t.expr.epilogue: t for t in tasks}
+    assert (Binary("rsub", 2.0), Clamp(min=-1.0), Pow(2), Scale(1 / 3.0)) in found
+    assert (Relu(), Binary("add", 1.0)) in found
+    assert (Unary("sigmoid"), Binary("rdiv", 1.0)) in found
+    assert (Binary("div", Input("m", "fp32")),) in found
+    plain = found[()]  # c, d, and the product the row sums are taken of
+    assert plain.count == 3 and plain.unfused == ("gt",)  # where reads gt(...); a sum is no elementwise op
+
+
+def test_gated_pairs_are_one_site_either_order_with_biases():
+    x = torch.randn(2, 33, 29)
+    swiglu = epilogues(GatedMLP(), (x,))
+    assert [(d, n) for d, _, n in swiglu] == [("gated silu 66x37x29 fp32", 1), ("matmul 66x29x37 fp32 NT", 1)]
+    geglu = tritune.extract_tasks(GatedMLP(act=lambda t: F.gelu(t, approximate="tanh"), bias=True, up_first=True),
+                                  (x,))
+    assert geglu[0].expr == Gated(66, 37, 29, "fp32", "gelu_tanh", bias=True, allow_tf32=False)
+    assert geglu[1].expr.epilogue == (Binary("add", Input("mn", "fp32")),)  # down + the residual
+    swish = tritune.extract_tasks(GatedMLP(act=lambda t: t * torch.sigmoid(t)), (x,))
+    assert swish[0].expr.activation == "silu"
+    # an activation the kernel has not: two contractions, the gate's with the other as an input
+    tanh = epilogues(GatedMLP(act=torch.tanh), (x,))
+    assert tanh[0][1] == (Unary("tanh"), Binary("mul", Input("mn", "fp32"))) and tanh[1][1] == ()
+
+
+def test_zoo_models_llama_gated_and_residuals_gpt2_pointwise_gelu():
+    import zoo
+
+    llama = tritune.extract_tasks(zoo.llama(hidden=64, layers=1).eval(), (torch.randn(1, 12, 64),))
+    kinds = [t.expr.describe() for t in llama]
+    assert "gated silu 12x176x64 fp32" in kinds
+    assert sum(t.expr.epilogue == (Binary("add", Input("mn", "fp32")),) for t in llama if t.expr.op == "matmul") == 2
+    gpt2 = tritune.extract_tasks(zoo.gpt2(hidden=64, layers=1).eval(), (torch.randn(1, 12, 64),))
+    up = next(t for t in gpt2 if t.expr.n == 256)
+    assert up.expr.epilogue == (BiasAdd(), *GELU_TANH) and up.expr.trans_b is False  # Conv1D: [K, N] weights
+    assert not any(t.unfused for t in gpt2)
+
+
+def store(path, exprs, library=()):
+    """A database where each expression's best is FAST (gated: FUSE 1 for 16-bit), or a library call."""
+    db = Database(path)
+    for expr in exprs:
+        config = FAST.replace(FUSE=int(expr.dtype != "fp32")) if expr.op == "gated" else FAST
+        results = [MeasureResult(config, Status.OK, 1.0, 1.0, 1.0, 1.0)]
+        if expr in library:
+            results.append(MeasureResult(Config.of(library="mm"), Status.OK, *[0.9] * 4))
+        db.add_workload(expr.key, expr.op, expr.dtype, expr.to_json())
+        db.save(expr.key, device_key(device_info(), expr.op), results)
+    db.close()
+    return path
+
+
+class Everything(nn.Module):
+    """Fusions, a SwiGLU MLP and a GeGLU one with biases and a residual."""
+
+    def __init__(self):
+        super().__init__()
+        self.fusions, self.swiglu = Fusions(), GatedMLP()
+        self.geglu = GatedMLP(act=F.gelu, bias=True, up_first=True)
+
+    def forward(self, x, r, rows):
+        return (*self.fusions(x, r, rows), self.swiglu(x), self.geglu(x))
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    calls = []
+    for cls in (tuned_op.Site, tuned_op.GatedSite):
+        original = cls.__call__
+        monkeypatch.setattr(cls, "__call__", lambda self, *a, _o=original: calls.append(self.expr) or _o(self, *a))
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_backend_replays_every_fusion_and_matches_eager(tmp_path, launched, dtype):
+    model, inputs = Everything().to(dtype), fusions_inputs(dtype)
+    tasks = tritune.extract_tasks(model, inputs)
+    assert Counter(t.expr.op for t in tasks) == {"matmul": 6, "gated": 2}
+    backend = tritune.compiler(store(tmp_path / "t.db", [t.expr for t in tasks]), fallback="eager")
+    with torch.no_grad():
+        outs = torch.compile(model, backend=backend, fullgraph=True)(*inputs)
+        refs = model(*inputs)
+    errors = [((o.double() - r.double()).norm() / r.double().norm()).item() for o, r in zip(outs, refs)]
+    assert max(errors) < TOLERANCE[dtype]
+    assert Counter(e.key for e in launched) == {t.expr.key: t.count for t in tasks}
+    assert {kind for _, kind in backend.sites} == {"tuned"}
+
+
+def test_a_gated_pair_the_library_won_runs_its_contractions_as_sites(tmp_path, launched):
+    model, x = GatedMLP(), torch.randn(2, 33, 29)
+    site, down = graph.find(graph.aten_graph(model, (x,)), allow_tf32=False)
+    gate, up = site.projections  # the gate's epilogue reads the other product as an input
+    assert gate.expr.epilogue == (Unary("silu"), Binary("mul", Input("mn", "fp32"))) and up.expr.epilogue == ()
+    db = store(tmp_path / "t.db", [site.expr, gate.expr, down.expr], library=[site.expr])
+    backend = tritune.compiler(db, fallback="eager")
+    with torch.no_grad():
+        y = torch.compile(model, backend=backend, fullgraph=True)(x)
+        assert torch.allclose(y, model(x), atol=1e-5)
+    # up has no record: left to the fallback, and not reported as a miss (the pair's record covers it)
+    assert backend.sites == [(site.expr.describe(), "library"), (gate.expr.describe(), "tuned"),
+                             (down.expr.describe(), "tuned")]
+    assert launched == [gate.expr, down.expr]
+
+
+def test_the_call_time_op_takes_extra_inputs(tmp_path):
+    a, b, res, row = torch.randn(21, 19), torch.randn(19, 17), torch.randn(21, 17), torch.randn(21).half()
+    steps = (Binary("add", Input("mn", "fp32")), Binary("mul", Input("m", "fp16")), Relu())
+    y = ops.matmul(a, b, epilogue=steps, inputs=(res, row), config=FAST, allow_tf32=False)
+    assert torch.allclose(y, torch.relu((a @ b + res) * row.float()[:, None]), atol=1e-5)
+    with pytest.raises(ValueError, match=r"^epilogue input 1 must be fp16 of shape \(21,\), got fp32 \(21,\)$"):
+        ops.matmul(a, b, epilogue=steps, inputs=(res, row.float()), config=FAST)
