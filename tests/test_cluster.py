@@ -66,7 +66,7 @@ def started(log):
 def kill_when(proc, log, n):
     """Kill a host (SIGKILL) once it has begun `n` measurements, from a thread of its own."""
     def watch():
-        deadline = time.time() + 120
+        deadline = time.time() + 60
         while len(started(log)) < n and time.time() < deadline:
             time.sleep(0.02)
         proc.kill()
@@ -76,9 +76,11 @@ def kill_when(proc, log, n):
 
 
 def test_a_cluster_tunes_several_workloads_and_a_killed_host_loses_nothing(scheduler, hosts, tmp_path):
-    started_hosts = hosts(a={"FAKE_GPU_HANG": "4"}, b={"FAKE_GPU_DEVICES": "2"})  # a measures 4, hangs on its 5th
+    # a measures one candidate and hangs on its second (both sent to it at once, as the first
+    # workload on it starts: it takes two at a time), and is killed then
+    started_hosts = hosts(a={"FAKE_GPU_HANG": "1"}, b={"FAKE_GPU_DEVICES": "2"})
     a, a_log = started_hosts["a"]
-    killer = kill_when(a, a_log, 5)
+    killer = kill_when(a, a_log, 2)
     # convolutions: their spaces are enumerated in a fraction of a second (a matmul's takes seconds)
     exprs = [make_expr("conv2d", s, "fp16", padding="1") for s in ("8,28,28,64,64,3,3", "8,14,14,64,64,3,3",
                                                                    "4,14,14,32,64,3,3")]
@@ -106,9 +108,12 @@ def test_losing_the_last_host_is_one_line_and_keeps_what_was_measured(scheduler,
                            "--cluster", scheduler, "--db", str(db)], capture_output=True, text=True, timeout=300)
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 3 and last.startswith("tune-cli: no GPU left to measure on: host a lost"), proc.stderr
+    assert "Traceback" not in proc.stderr
     with Database(db) as stored:
         trials = stored.trials(stored.workloads()[0][0])
-    assert len(trials) == 5 and all(r.ok and r.measured_on == "a:0" for r in trials)  # nothing blamed on the hung one
+    measured = Path(a_log).read_text().split()  # what host a measured: 5, the last result maybe not sent yet
+    assert len(measured) == 5 and 4 <= len(trials) <= 5 and {r.config.key for r in trials} <= set(measured)
+    assert all(r.ok and r.measured_on == "a:0" for r in trials)  # nothing blamed on the hung one
 
 
 @pytest.mark.parametrize("args, code, words", [

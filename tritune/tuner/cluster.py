@@ -17,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import sys
 import threading
 import time
+from collections import Counter
 from typing import Any, Callable
 
 from tritune.kernels.family import device_key, family, ops
@@ -41,36 +43,53 @@ class ClusterError(WorkerDied):
 
 # ---- on a GPU host -------------------------------------------------------------------------------
 
+LANES = 8  # measurers a host keeps for the workloads it was sent last (idle ones beyond are closed)
+
+
 class HostAgent:
     """A GPU host's side: its GPU workers and compile pool measure what tune-cli processes send;
     nothing is stored here. Candidates of one workload share a measurer (its inputs and reference
-    stay on the GPU), one per workload sent."""
+    stay on the GPU), one per workload sent lately."""
 
     def __init__(self, runner: Any, builder: Builder, name: str) -> None:
         self.runner, self.builder, self.name = runner, builder, name
-        for each in getattr(runner, "each", [runner]):
+        devices = getattr(runner, "each", [runner])
+        for each in devices:
             each.host = name  # trials name the host as the cluster knows it
-        self._lanes: dict[str, Measurer] = {}
+        info = runner.device_info()  # asked once: a request waits for the GPU's measurement in flight
+        self._info = {**info, "name": name, "devices": [r.name for r in devices],
+                      "parallel": len(devices) + builder.workers, "keys": {op: device_key(info, op).key for op in ops()}}
+        self._lanes: dict[str, Measurer] = {}  # by workload, the latest last
+        self._busy: Counter[str] = Counter()  # candidates of each workload in flight
         self._lock = threading.Lock()
 
     def info(self) -> dict:
         """What a tune-cli process needs to know of this host: its GPU (as the first device reports
         it), its devices, how many candidates it takes at once, and its device key of every op."""
-        info = self.runner.device_info()
-        devices = [r.name for r in getattr(self.runner, "each", [self.runner])]
-        return {**info, "name": self.name, "devices": devices, "parallel": len(devices) + self.builder.workers,
-                "keys": {op: device_key(info, op).key for op in ops()}}
+        return self._info
 
     def measure(self, expr: Any, config: Config, best_ms: float | None) -> MeasureResult:
         """Compile one candidate in the host's pool, then check and time it on the next free GPU."""
-        with self._lock:
-            lane = self._lanes.get(expr.key)
-            if lane is None:
-                lane = self._lanes[expr.key] = Measurer(expr, None, self.builder, self.runner, None)
-        if best_ms is not None:
-            lane.offer_best(best_ms)
         build = self.builder.submit(expr, family(expr.op).canonical_problem(expr), [config])[0]
-        return lane.submit(config, build).result()
+        with self._lock:
+            lane = self._lanes.pop(expr.key, None) or Measurer(expr, None, self.builder, self.runner, None)
+            self._lanes[expr.key] = lane
+            self._busy[expr.key] += 1
+            self._retire()
+            if best_ms is not None:
+                lane.offer_best(best_ms)
+            done = lane.submit(config, build)
+        try:
+            return done.result()
+        finally:
+            with self._lock:
+                self._busy[expr.key] -= 1
+
+    def _retire(self) -> None:
+        """Close the oldest idle measurers beyond LANES (hold the lock): a worker serves for days."""
+        for key in [k for k in self._lanes if not self._busy[k]][:max(0, len(self._lanes) - LANES)]:
+            self._lanes.pop(key).close()
+            del self._busy[key]
 
     def head_to_head(self, expr: Any, config: Config) -> dict:
         """The end-of-run comparison, on the host's first GPU."""
@@ -104,7 +123,12 @@ def serve(scheduler: str, start: Callable[[], tuple[Any, Builder]], name: str | 
     `start_gpu`), join the scheduler, and serve tune-cli runs until stopped or the scheduler goes."""
     _reachable(scheduler)  # before seconds of GPU start-up
     runner, builder = start()
-    agent = HostAgent(runner, builder, name or socket.gethostname())
+    try:
+        agent = HostAgent(runner, builder, name or socket.gethostname())
+    except BaseException:
+        builder.close(now=True)
+        runner.close(now=True)
+        raise
     _AGENT.append(agent)
     try:
         info = agent.info()
@@ -163,17 +187,17 @@ class RemoteHost:
             raise DeviceLost(Status.CRASH, f"host {self.name} is lost for this run")
         future = self.cluster.client.submit(on_host, method, *args, workers=[self.address],
                                             allow_other_workers=False, pure=False)
-        while True:
-            try:
-                status, answer = future.result(timeout=1.0)
+        done = threading.Event()
+        future.add_done_callback(lambda _: done.set())  # (result(timeout) leaves a Dask task behind per try)
+        while not done.wait(1.0):  # still measuring, or waiting for a worker that is gone
+            if not self.cluster.alive(self.address):
+                status, answer = "lost", "it left the cluster"
                 break
-            except TimeoutError:  # still measuring, or waiting for a worker that is gone
-                if not self.cluster.alive(self.address):
-                    status, answer = "lost", "it left the cluster"
-                    break
+        else:
+            try:
+                status, answer = future.result()
             except Exception as exc:  # noqa: BLE001 - the connection or the worker went mid-call
                 status, answer = "lost", _first_line(exc)
-                break
         if status == "lost":
             self.lost = True
             future.cancel()
@@ -292,7 +316,7 @@ def _hosts(cluster: _Cluster, address: str, wait_s: float) -> list[RemoteHost]:
             hosts.append(RemoteHost(cluster, a, info))
         else:
             print(f"tune-cli: left out host {info['name']}: {info['gpu']} with Triton {info['triton']}, torch "
-                  f"{info['torch']} and its tritune differ from {first['name']}'s or this process's")
+                  f"{info['torch']} and its tritune differ from {first['name']}'s or this process's", file=sys.stderr)
     if not hosts:
         raise ClusterError(f"the hosts at {address} run another tritune than this process")
     return hosts
