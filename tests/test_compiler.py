@@ -178,13 +178,34 @@ unsplit = tuned_op.spec_of(Matmul(96, 80, 64, dtype="fp16", trans_b=True, epilog
 for x, s in ((a, spec), (moved, spec), (a, unsplit)):
     f = dispatch_functionalize(lambda a, b, bias: torch.ops.tritune.matmul(a, b, bias, [], s))
     print(make_fx(f)(x, b, bias).code)
+
+# a model's graph rewritten by the backend: a gated pair, then a contraction with two extra inputs
+import torch.nn.functional as F
+from tritune.kernels.frontend import graph
+from tritune.kernels.frontend.compiler import rewrite
+
+
+def mlp(x, wg, wu, wd, rows):  # Llama's MLP, its residual, a scale per row (weights as AOT lifts them)
+    return (x + F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)) * rows
+
+
+with FakeTensorMode() as mode:
+    shapes = ((2, 40, 96), (160, 96), (160, 96), (96, 160), (2, 40, 1))
+    args = [torch.empty(s, dtype=torch.float16, device="cuda") for s in shapes]
+aten = graph.aten_graph(mlp, args, mode)
+sites = graph.find(aten)
+rewrite(aten, [(s, tuned_op.spec_of(s.expr, config.replace(SPLIT_K=1, FUSE=1) if s.expr.op == "gated" else config))
+               for s in sites])
+with mode:
+    print(make_fx(dispatch_functionalize(aten))(*args).code)
 """
 
 
 def test_compiled_graphs_launch_the_tuned_kernel_itself(tmp_path):
     """What AOT autograd hands Inductor (functionalised ATen) holds the tuned Triton kernel's launch,
     with the config's parameters and the operands' strides, and the split-K scratch as buffers; on
-    a layout that was not tuned, torch ops. Real JIT functions (no interpreter), fake CUDA tensors."""
+    a layout that was not tuned, torch ops; in a rewritten model, the gated kernel and the extra
+    epilogue inputs. Real JIT functions (no interpreter), fake CUDA tensors."""
     import os
     import subprocess
     import sys
@@ -193,13 +214,19 @@ def test_compiled_graphs_launch_the_tuned_kernel_itself(tmp_path):
     env["TRITUNE_CACHE_DIR"] = str(tmp_path)
     proc = subprocess.run([sys.executable, "-c", ROUTE], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    tuned, untuned, unsplit = proc.stdout.split("def forward")[1:]
+    tuned, untuned, unsplit, model = proc.stdout.split("def forward")[1:]
     assert "triton_kernel_wrapper_functional" in tuned and "'SPLIT_K': 2" in tuned and "'BLOCK_M': 64" in tuned
     assert "'stride_bk': 1, 'stride_bn': 64" in tuned and "new_zeros" in tuned  # B transposed; split-K counters
     assert "triton_kernel_wrapper" not in untuned and "aten.mm" in untuned
     # without split-K: A stands in for its scratch (no allocation), and no launch that zeroes counters
     assert "triton_kernel_wrapper_functional" in unsplit and "new_zeros" not in unsplit
     assert unsplit.count("aten.new_empty") == 1 and "'WS': arg0_1, 'LOCKS': arg0_1" in unsplit
+    # the model: the gated kernel on x and both weights ([N, K] as stored), then the down projection's
+    # kernel reading the residual [80, 96] and one scale per row [80] after its scratch; no mm left
+    gated, down = model.split("triton_kernel_wrapper_functional(")[1:3]
+    assert "'FUSE': 1" in gated and "'M': 80, 'N': 160, 'K': 96" in gated and "'stride_wk': 1, 'stride_wn': 96" in gated
+    assert "'E0': " in down and "'stride_e0b': 0, 'stride_e0m': 96, 'stride_e0n': 1, 'stride_e1m': 1" in down
+    assert "aten.mm" not in model and "silu" not in model and "aten.mul" not in model
 
 
 def test_a_site_where_the_library_won_is_left_to_the_fallback(tmp_path, tuned_calls):

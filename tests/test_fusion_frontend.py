@@ -179,3 +179,26 @@ def test_the_call_time_op_takes_extra_inputs(tmp_path):
     assert torch.allclose(y, torch.relu((a @ b + res) * row.float()[:, None]), atol=1e-5)
     with pytest.raises(ValueError, match=r"^epilogue input 1 must be fp16 of shape \(21,\), got fp32 \(21,\)$"):
         ops.matmul(a, b, epilogue=steps, inputs=(res, row.float()), config=FAST)
+
+
+def test_tune_model_tunes_a_gated_pair_as_one_task(monkeypatch, tmp_path, capsys):
+    from functools import partial
+
+    import fake_worker
+    from fakes import FakeBuilder
+    from tritune.records.dispatch import HistoryBest
+    from tritune.tuner import session
+    from tritune.tuner.cli import main
+    from tritune.tuner.runner import Runner
+
+    monkeypatch.setattr(session, "Runner", partial(Runner, handlers=fake_worker.session_handlers))
+    monkeypatch.setattr(session, "Builder", lambda *args, **kwargs: FakeBuilder())
+    db = tmp_path / "t.db"
+    main(["tune-model", "--model", str(Path(__file__).parent / "models.py:swiglu"), "--input-shape", "2,20,64",
+          "--dtype", "fp32", "--trials", "40", "--strategy", "random", "--no-check", "--db", str(db)])
+    out = capsys.readouterr().out
+    assert "gated silu 40x96x64 fp32" in out and "matmul 40x64x96 fp32 NT" in out
+    gated = Gated(40, 96, 64, "fp32", allow_tf32=False)
+    fake = {"gpu": "Fake H100", "capability": "9.0", "triton": "3.x", "torch": "2.x"}
+    best = HistoryBest(db).best(gated.key, device_key(fake, "gated"))
+    assert best is not None and "FUSE" in best  # a kernel of the gated space won (the fake library is slower)

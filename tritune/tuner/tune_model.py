@@ -1,4 +1,5 @@
-"""`tune-cli tune-model`: the contraction workloads of a model, one trial budget shared among them,
+"""`tune-cli tune-model`: the workloads of a model (contractions with their fused epilogues, gated
+pairs act(x @ W1ᵀ) * (x @ W2ᵀ) as one `gated` workload each), one trial budget shared among them,
 and each tuned in turn by `session.tune` (progress and a table per task).
 
 The model comes from a factory, `pkg.module:factory` or `path/to/file.py:factory`, built on the
