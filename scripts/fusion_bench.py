@@ -153,7 +153,8 @@ def phase_tune(args: argparse.Namespace, out: Path, results: dict) -> None:
 def _task_line(t: dict) -> str:
     best = t.get("best_config") or {}
     won = f"library {best['library']}" if best.get("library") else "tritune kernel"
-    return f"{t['workload'].get('op')} best {won}, {t.get('ratio_vs_best_alternative', 0):.3f}x {t.get('best_alternative')}"
+    ratio = t.get("ratio_vs_best_alternative", 0)
+    return f"{t['workload'].get('op')} best {won}, {ratio:.3f}x {t.get('best_alternative')}"
 
 
 def phase_latency(args: argparse.Namespace, out: Path, results: dict) -> None:
@@ -164,8 +165,8 @@ def phase_latency(args: argparse.Namespace, out: Path, results: dict) -> None:
         torch._dynamo.reset()
         r = time_block(args, block, out)
         results.setdefault("latency", {})[block] = r
-        print(f"latency {block}: " + ", ".join(
-            f"{k} {v['ms']:.4f} ms" if "ms" in v else f"{k} failed ({v.get('error')})" for k, v in r.items()), flush=True)
+        times = (f"{k} {v['ms']:.4f} ms" if "ms" in v else f"{k} failed ({v.get('error')})" for k, v in r.items())
+        print(f"latency {block}: " + ", ".join(times), flush=True)
         save(out, results)
 
 

@@ -202,3 +202,22 @@ def test_tune_model_tunes_a_gated_pair_as_one_task(monkeypatch, tmp_path, capsys
     fake = {"gpu": "Fake H100", "capability": "9.0", "triton": "3.x", "torch": "2.x"}
     best = HistoryBest(db).best(gated.key, device_key(fake, "gated"))
     assert best is not None and "FUSE" in best  # a kernel of the gated space won (the fake library is slower)
+
+
+class InPlace(nn.Module):
+    """Tensors written in place between two reads: a kernel that runs where its epilogue ends must
+    not read them there."""
+
+    def forward(self, x, w, r):
+        r, x2 = r.clone(), x.clone()
+        a = x @ w + r
+        r.mul_(2)
+        b = x2 @ w
+        x2.t().mul_(2)  # through a view
+        return torch.relu(a * r), r, torch.relu(b), x2
+
+
+def test_tensors_written_in_place_are_no_epilogue_inputs_nor_operands(tmp_path):
+    x, w, r = torch.randn(9, 13), torch.randn(13, 11), torch.randn(9, 11)
+    (task,) = tritune.extract_tasks(InPlace(), (x, w, r))  # b, whose input is written, is no site
+    assert task.expr.epilogue == () and task.unfused == ("add",)

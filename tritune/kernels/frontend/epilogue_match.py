@@ -26,6 +26,9 @@ from tritune.kernels.pointwise import binary, unary
 
 A = torch.ops.aten
 VIEWS = (A.view.default, A._unsafe_view.default, A.reshape.default)
+# ops whose output may share its input's memory (what a write to one changes in the other)
+ALIASES = (*VIEWS, A.t.default, A.transpose.int, A.permute.default, A.expand.default, A.slice.Tensor,
+           A.select.int, A.unsqueeze.default, A.squeeze.dim, A.alias.default)
 MAX_NODES = 64  # nodes explored from one point before giving up on paths meeting again
 
 # a chain: each step with the graph nodes of the extra inputs it reads (in kernel order)
@@ -213,6 +216,8 @@ def _input(scope: Scope, node: fx.Node) -> Input | None:
     v, out = val(node), scope.out
     if not static(v) or v.dim() == 0 or str(v.dtype) not in DTYPE_NAMES:
         return None
+    if written(node):
+        return None  # the kernel, where the epilogue ends, could read it after a write the op saw before
     batch, (m, n) = (out.shape[0] if out.dim() == 3 else 1), out.shape[-2:]
     if v.numel() == n and v.shape[-1] == n:
         kind = "n"
@@ -273,6 +278,23 @@ def _dtype(t: Any) -> str:
     from tritune.kernels.frontend.ops import DTYPE_NAMES
 
     return DTYPE_NAMES.get(str(t.dtype), "")
+
+
+def written(node: fx.Node) -> bool:
+    """Whether an op of the graph writes the tensor of `node` in place, directly or through a view
+    (of it, or of what it views)."""
+    while node.target in ALIASES and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    todo, seen = [node], set()
+    while todo:
+        n = todo.pop()
+        seen.add(n)
+        for u in n.users:
+            if getattr(getattr(u.target, "_schema", None), "is_mutable", False):
+                return True
+            if u.target in ALIASES and u not in seen:
+                todo.append(u)
+    return False
 
 
 def is_view_of(node: Any, source: fx.Node) -> bool:

@@ -5,7 +5,8 @@ The model is captured with torch.export (nothing is computed, so uninitialised w
 (`graph.aten_graph`), and every contraction with its fusable epilogue (`graph.find`: any chain of
 elementwise ops, residuals and row / column vectors as extra inputs) and every gated pair
 act(x @ W1ᵀ) * (x @ W2ᵀ) becomes a task; equal workloads are counted once. Capture on the device
-the model runs on: ops that pick their kernel by device trace differently elsewhere (on "meta", attention becomes its math form, with two bmm).
+the model runs on: ops that pick their kernel by device trace differently elsewhere (on "meta",
+attention becomes its math form, with two bmm).
 """
 from __future__ import annotations
 

@@ -18,7 +18,8 @@ import torch.fx as fx
 from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.epilogue import BiasAdd, Binary, Gelu, Scale, Unary
 from tritune.kernels.expr import ExprError
-from tritune.kernels.frontend.epilogue_match import MAX_NODES, VIEWS, Scope, follow, is_view_of, static, val
+from tritune.kernels.frontend.epilogue_match import (MAX_NODES, VIEWS, Scope, follow, is_view_of, static, val,
+                                                     written)
 from tritune.kernels.frontend.ops import DTYPE_NAMES, contraction_expr, layout_of
 from tritune.kernels.gated.expr import Gated
 
@@ -123,6 +124,8 @@ def _operands(node: fx.Node) -> tuple[fx.Node, fx.Node, tuple, fx.Node | None] |
     av, bv, out = val(a), val(b), val(node)
     if not static(av, bv, out) or str(av.dtype) not in DTYPE_NAMES or layout_of(av) is None or layout_of(bv) is None:
         return None
+    if any(written(n) for n in (a, b, bias) if n is not None):
+        return None  # the kernel runs where its epilogue ends: after a write the contraction did not see
     if av.shape[-1] == 1:
         return None  # an outer product: Inductor makes it a broadcast multiply, fused with its neighbours
     start = ((Scale(float(alpha)), ()),) if alpha != 1 else ()
