@@ -221,3 +221,20 @@ def test_tensors_written_in_place_are_no_epilogue_inputs_nor_operands(tmp_path):
     x, w, r = torch.randn(9, 13), torch.randn(13, 11), torch.randn(9, 11)
     (task,) = tritune.extract_tasks(InPlace(), (x, w, r))  # b, whose input is written, is no site
     assert task.expr.epilogue == () and task.unfused == ("add",)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_zoo_models_compile_with_their_fused_sites_replayed(tmp_path, launched, name):
+    import zoo
+
+    torch.manual_seed(0)
+    model, x = getattr(zoo, name)(hidden=64, layers=1).eval(), torch.randn(1, 12, 64)
+    tasks = [t for t in tritune.extract_tasks(model, (x,)) if t.expr.n < 1000]  # the LM head: a miss, for speed
+    backend = tritune.compiler(store(tmp_path / "t.db", [t.expr for t in tasks]), fallback="eager")
+    with torch.no_grad():
+        y = torch.compile(model, backend=backend, fullgraph=True)(x)
+        ref = model(x)
+    assert ((y - ref).norm() / ref.norm()).item() < 1e-5
+    # Dynamo's graph holds the sites export found: each replayed, the gated pair and residuals included
+    assert Counter(e.key for e in launched) == {t.expr.key: t.count for t in tasks}
+    assert Counter(kind for _, kind in backend.sites) == {"tuned": sum(t.count for t in tasks), "miss": 1}
