@@ -220,6 +220,7 @@ class _Cluster:
         self._lock = threading.Lock()
 
     def alive(self, address: str) -> bool:
+        """Whether the worker at `address` is still in the cluster."""
         with self._lock:
             if time.monotonic() - self._asked > 0.5:
                 try:
@@ -230,6 +231,7 @@ class _Cluster:
             return address in self._workers
 
     def close(self) -> None:
+        """Close the client (once, whichever host closes first)."""
         with self._lock:
             if self.client is not None:
                 self.client.close(timeout=5)
@@ -241,6 +243,7 @@ class RemoteBuilds(Builder):
     measures, into its own Triton cache); its small pool does the run's other work (`background`)."""
 
     def submit(self, expr: Any, problem: Any, configs: Any) -> list[BuildResult]:
+        """Every candidate as ready to send (compiled where it is measured)."""
         return [BuildResult(c, None, 0.0) for c in configs]
 
 
