@@ -233,9 +233,12 @@ class _Cluster:
     def close(self) -> None:
         """Close the client (once, whichever host closes first)."""
         with self._lock:
-            if self.client is not None:
-                self.client.close(timeout=5)
-                self.client = None
+            client, self.client = self.client, None
+        if client is not None:
+            try:
+                client.close(timeout=5)
+            except Exception:  # noqa: BLE001 - a scheduler already gone: nothing to let go of
+                pass
 
 
 class RemoteBuilds(Builder):
