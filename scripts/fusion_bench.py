@@ -283,8 +283,10 @@ def report(results: dict, targets: bool = True) -> str:
     for block, rows in results.get("latency", {}).items():
         for ours in ("tritune", "kernel"):
             ratios = {t: speedup(rows, ours, t) for t in ("eager", "default", "max-autotune")}
-            sites = rows.get(ours, {}).get("sites")
+            row = rows.get(ours, {})
+            sites, err = row.get("sites"), row.get("rel_err")
             lines.append(f"{block} {ours}: " + ", ".join(f"{r:.3f}x {t}" for t, r in ratios.items() if r)
+                         + (f"; rel err {err:.1e}" if err is not None else f"; {row.get('error', 'not run')}")
                          + (f"; sites {sorted({k for _, k in sites})}" if sites else ""))
     for what, ours, theirs, target in TARGETS if targets else ():
         rows = results.get("latency", {}).get(what) or results.get("models", {}).get("latency", {}).get(what, {})
