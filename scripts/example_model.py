@@ -4,8 +4,8 @@ realistic sizes by default: hidden 4096, 32 heads, MLP 4x, fp16 on 2048 tokens.
 
     tune-cli tune-model --model scripts/example_model.py:block --input-shape 1,2048,4096 --dtype fp16
 
-Its contractions: q, k, v and o are one workload (2048x4096x4096 + bias; o's residual add is left
-to Inductor), up is 2048x16384x4096 + bias + gelu, down 2048x4096x16384 + bias (+ residual).
+Its contractions: q, k and v are one workload (2048x4096x4096 + bias), o another (the same with its
+residual add fused), up is 2048x16384x4096 + bias + gelu, down 2048x4096x16384 + bias + residual.
 """
 from __future__ import annotations
 
