@@ -5,8 +5,6 @@ No torch or triton here: the database is read by commands that must work without
 from __future__ import annotations
 
 import json
-import os
-import socket
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -18,6 +16,7 @@ import sqlite_utils
 
 from tritune.records.result import DeviceKey, MeasureResult, Status
 from tritune.records import jsonl
+from tritune.records.owners import alive
 from tritune.schedules.config import Config
 
 SCHEMA_VERSION = 1
@@ -247,7 +246,7 @@ class Database:
             if self._db.execute(f"SELECT 1 FROM trials {where}", key).fetchone():
                 return False
             held = self._db.execute(f"SELECT owner, since FROM claims {where}", key).fetchone()
-            if held and held[0] != owner and held[1] > time.time() - stale_s and _alive(held[0]):
+            if held and held[0] != owner and held[1] > time.time() - stale_s and alive(held[0]):
                 return False
             self._db.execute("INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?, ?)", [*key, owner, time.time()])
         return True
@@ -380,25 +379,6 @@ def _check_file(path: Path) -> None:
         raise DatabaseError(f"{prefix}: {exc.strerror}") from None
     if header and header != _SQLITE_MAGIC:  # an empty file is a valid, empty SQLite database
         raise DatabaseError(f"{prefix}: file is not a database")
-
-
-def owner_id() -> str:
-    """Who holds a claim: this host and process."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _alive(owner: str) -> bool:
-    """Whether a claim's owner may still run (a process of another host is taken to)."""
-    host, _, pid = owner.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return True
-    try:
-        os.kill(int(pid), 0)  # signal 0: is there such a process (PermissionError: yes, another user's)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
 
 
 def _as_int(value: Any) -> int | None:

@@ -10,7 +10,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from tritune.kernels.family import Family, family
-from tritune.records.database import Database, DatabaseError, owner_id
+from tritune.records.database import Database, DatabaseError
+from tritune.records.owners import owner_id
 from tritune.records.result import DeviceKey, MeasureResult
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits, Space
