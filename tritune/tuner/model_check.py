@@ -171,14 +171,15 @@ def paired_ratio(ours: Sequence[float], theirs: Sequence[float]) -> float:
 
 
 def _rel_error(out: Any, ref: Any) -> float:
-    """‖out − ref‖ / ‖ref‖ over every tensor of two outputs (a tensor, tuple or model output)."""
+    """The runner's relative error (`measure.rel_error`: infinite where `out` is not finite) over
+    every tensor of two outputs (a tensor, tuple or model output), taken as one vector."""
     import torch
     from torch.utils._pytree import tree_leaves
 
+    from tritune.tuner.measure import rel_error
+
     pairs = [(o, r) for o, r in zip(tree_leaves(out), tree_leaves(ref)) if isinstance(r, torch.Tensor)]
-    num = sum(float((o.double() - r.double()).norm() ** 2) for o, r in pairs)
-    den = sum(float(r.double().norm() ** 2) for _, r in pairs)
-    return (num / den) ** 0.5 if den else float(num > 0)
+    return rel_error(torch.cat([o.flatten() for o, _ in pairs]), torch.cat([r.double().flatten() for _, r in pairs]))
 
 
 def check_table(results: Sequence[dict]) -> Any:

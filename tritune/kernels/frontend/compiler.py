@@ -121,22 +121,23 @@ class Backend:
             _log_once(repr(exc), f"tritune: the graph could not be traced ({first_line(exc)}); "
                                  "it goes to the fallback unchanged")
             return self.fallback(gm, example_inputs)
-        matches, index = graph.find(aten, graph.tf32_allowed()), _device_index(example_inputs)
+        matches, info = graph.find(aten, graph.tf32_allowed()), device_info(_device_index(example_inputs))
         before = len(self.sites)
-        hits = self._lookup(matches, index)
+        hits = self._lookup(matches, info)
         if not hits:
             return self.fallback(gm, example_inputs)
         signature = graph_signature(aten, hits)
         self.graphs.append(signature)
-        if self._slower_whole(signature, index, len(self.sites) - before):
+        if self._slower_whole(signature, info, len(self.sites) - before):
             return self.fallback(gm, example_inputs)
         rewrite(aten, hits)
         _keep_input_facts(gm, aten)
         return self.fallback(aten, example_inputs)
 
-    def _lookup(self, matches: list[Matched], index: int) -> list[tuple[Matched, str]]:
-        """(site, spec) of the sites that run a tuned kernel; every site's kind goes into `sites`."""
-        history, info = self._history(), device_info(index)
+    def _lookup(self, matches: list[Matched], info: dict) -> list[tuple[Matched, str]]:
+        """(site, spec) of the sites that run a tuned kernel on the GPU `info` describes; every
+        site's kind goes into `sites`."""
+        history = self._history()
         hits, misses = [], Counter()
         for site in matches:
             for s, kind, config in _resolve(history, site, info):
@@ -151,13 +152,13 @@ class Backend:
                               f"{len(matches)} contractions, left to the fallback: {listed}")
         return [(m, spec) for m, spec in hits if spec]
 
-    def _slower_whole(self, signature: str, index: int, sites: int) -> bool:
+    def _slower_whole(self, signature: str, info: dict, sites: int) -> bool:
         """Whether tune-model measured this graph slower with its tuned kernels than without them in
         this mode (its `sites` last entries are then marked 'graph')."""
         history = self._history()
         if self.mode is None or history is None:
             return False
-        device = device_key(device_info(index), "matmul")
+        device = device_key(info, "matmul")
         if history.graph_verdict(signature, device, self.mode) != "inductor":
             return False
         _log_once(signature, f"tritune: a graph with {sites} contractions measured faster without tuned kernels "
