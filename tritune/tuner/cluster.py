@@ -194,15 +194,25 @@ class RemoteHost:
                 status, answer = "lost", "it left the cluster"
                 break
         else:
-            try:
-                status, answer = future.result()
-            except Exception as exc:  # noqa: BLE001 - the connection or the worker went mid-call
-                status, answer = "lost", _first_line(exc)
+            status, answer = self._gather(future)
         if status == "lost":
             self.lost = True
             future.cancel()
             raise DeviceLost(Status.CRASH, f"host {self.name} lost: {answer}")
         return answer
+
+    def _gather(self, future: Any) -> tuple[str, Any]:
+        """The answer of a finished call. A host that goes after its answer is done but before it
+        is fetched has Dask run the call again, waiting for that host for ever: so wait in short
+        steps, and call the host lost once it has left the cluster."""
+        while True:
+            try:
+                return future.result(timeout=2.0)
+            except TimeoutError:
+                if not self.cluster.alive(self.address):
+                    return "lost", "it left the cluster before its answer was fetched"
+            except Exception as exc:  # noqa: BLE001 - the connection or the worker went mid-call
+                return "lost", _first_line(exc)
 
     def close(self, now: bool = False) -> None:
         """Let go of the cluster (its hosts go on serving)."""
@@ -329,8 +339,15 @@ def _hosts(cluster: _Cluster, address: str, wait_s: float) -> list[RemoteHost]:
 
 
 def _quiet() -> None:
-    """Dask's own log lines (connections, start-up) are not the user's business: warnings only."""
-    logging.getLogger("distributed").setLevel(logging.ERROR)
+    """Dask's own log lines (connections, start-up, re-fetching a lost host's answers) are not the
+    user's business: errors only."""
+    import distributed  # noqa: F401 - its import sets its loggers' levels from Dask's config
+
+    for name in ["distributed", *[n for n in logging.root.manager.loggerDict if n.startswith("distributed.")]]:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    # a fetch given up on a lost host leaves a Dask task that fails as the client closes, which
+    # asyncio reports at exit ("Task exception was never retrieved"); this process runs no other loop
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 
 
 def _first_line(exc: BaseException) -> str:
