@@ -93,15 +93,16 @@ class Site:
         if not self.fits(a, b, out, bias, inputs):
             _misfit(self)
             return MATMUL.expression(expr)(a, b, out, bias, *inputs)
-        # split-K's scratch; without split-K the kernel never touches either, so `a` stands in (no
-        # allocation, no zeroing launch: each is host time on every call of a compiled model)
-        ws = locks = a
+        # split-K's scratch and the bias: what the kernel never touches is None, which Triton
+        # specialises away (no allocation, no zeroing launch, no pointer to pass: each is host time
+        # on every call of a compiled model)
+        ws = locks = None
         if self.config.get("SPLIT_K", 1) > 1:
             ws, locks = a.new_empty(self.ws, dtype=torch.float32), a.new_zeros(self.slots, dtype=torch.int32)
         if self.config.get("TMA", 0):
             launch.use_torch_scratch()
         ints = dict(zip(self.int_names, launch.ints_of(expr, a, b, out, bias, *inputs)))
-        wrap_triton(self.fn)[self.grid](a, b, out, bias if expr.has_bias else out, ws, locks, *inputs, **ints,
+        wrap_triton(self.fn)[self.grid](a, b, out, bias if expr.has_bias else None, ws, locks, *inputs, **ints,
                                         **self.consts)
         return out
 
@@ -125,7 +126,7 @@ class GatedSite:
             return GATED.expression(expr)(x, w1, w2, out, b1, b2)
         ints = dict(zip(gated_launch.INTS, gated_launch.ints_of(expr, x, w1, w2, out, b1, b2)))
         bias = expr.bias
-        wrap_triton(self.fn)[self.grid](x, w1, w2, out, b1 if bias else out, b2 if bias else out, **ints,
+        wrap_triton(self.fn)[self.grid](x, w1, w2, out, b1 if bias else None, b2 if bias else None, **ints,
                                         **self.consts)
         return out
 
