@@ -9,11 +9,15 @@ Families other than matmul contribute their examples (`Family.examples()`), each
 seeded random configs of its space. Every library candidate (`Family.libraries`: mm / addmm /
 addmm_activation, torch's softmax / layer_norm / conv2d) is checked the same way. The replay route
 (`torch.ops.tritune.matmul`, a triton_op that Inductor launches itself) is checked with every knob
-of the template, compiled by Inductor in its default mode and with CUDA graphs (reduce-overhead). `--faults` then checks the fault hook of every family through
+of the template, compiled by Inductor in its default mode and with CUDA graphs (reduce-overhead). Zoo models (llama, gpt2) are then compiled
+by the tritune backend with every site's default config stored as its best, and their outputs
+checked against float64 (default mode and CUDA graphs, fp16 and bf16). `--faults` then checks the
+fault hook of every family through
 the crash-isolated runner: "oob" must come back CRASH, "hang" TIMEOUT, "wrong" WRONG_ANSWER, and
 a plain run after each OK.
 
 Usage: python scripts/gpu_correctness.py [--out results.json] [--per-expr 3] [--faults]
+       [--cases kernels,libraries,route,frontend] [--ops gated,wide]
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import argparse
 import itertools
 import json
 import sys
+from collections import Counter
 
 import numpy as np
 import torch
@@ -29,7 +34,7 @@ from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.device import device_info
 from tritune.kernels.epilogue import Binary, BiasAdd, Clamp, Gelu, Input, Relu, Scale, Unary
 from tritune.kernels.gated.expr import ACTIVATIONS, Gated
-from tritune.kernels.family import REGISTRY, family
+from tritune.kernels.family import REGISTRY, device_key, family
 from tritune.records.result import Status
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits
@@ -155,6 +160,56 @@ def route_rows() -> list[dict]:
     return rows
 
 
+def frontend_rows(names: tuple[str, ...] = ("llama", "gpt2")) -> list[dict]:
+    """Zoo models (one layer, 2x64 tokens, hidden 256) compiled by the tritune backend with every
+    extracted site's default config stored as its best (no tuning): each site replayed (matmuls with
+    their fused epilogues and residuals, gated pairs, ...) by Inductor, in the default mode and with
+    CUDA graphs, fp16 and bf16. The output against float64 may be off by at most twice what the
+    eager model in the same dtype is, plus 1e-3."""
+    import tempfile
+
+    import tritune
+    import zoo
+    from tritune.kernels.frontend.ops import DTYPE_NAMES
+    from tritune.records.database import Database
+    from tritune.records.result import MeasureResult
+
+    info, rows = device_info(), []
+    for name, dtype, mode in itertools.product(names, (torch.float16, torch.bfloat16), (None, "reduce-overhead")):
+        torch.manual_seed(0)
+        model = getattr(zoo, name)(hidden=256, layers=1).eval().cuda()
+        x = torch.randn(2, 64, 256, device="cuda")
+        with torch.no_grad():
+            ref = model.double()(x.double())
+            model, x = model.to(dtype), x.to(dtype)
+            eager_err = rel_error(model(x), ref)
+        tasks = tritune.extract_tasks(model, (x,))
+        path = tempfile.mkdtemp() + "/t.db"
+        db = Database(path)
+        for t in tasks:
+            config = family(t.expr.op).default_config(t.expr)
+            db.add_workload(t.expr.key, t.expr.op, t.expr.dtype, t.expr.to_json())
+            db.save(t.expr.key, device_key(info, t.expr.op), [MeasureResult(config, Status.OK, *[1.0] * 4)])
+        db.close()
+        torch._dynamo.reset()
+        backend = tritune.compiler(path, mode=mode)
+        try:
+            with torch.no_grad():
+                for _ in range(3):  # CUDA graphs: warm-up, record, replay
+                    out = torch.compile(model, backend=backend, fullgraph=True)(x)
+                torch.cuda.synchronize()
+            err = rel_error(out, ref)
+        except Exception as exc:  # noqa: BLE001 - reported as a failed case
+            print(f"FAIL frontend {name} {dtype} {mode}: {type(exc).__name__}: {str(exc)[:300]}")
+            err = float("inf")
+        kinds = Counter(kind for _, kind in backend.sites)
+        tolerance = 2 * eager_err + 1e-3
+        rows.append({"case": f"frontend {name} {mode or 'default'}", "dtype": DTYPE_NAMES[str(dtype)],
+                     "config": " ".join(f"{k}:{n}" for k, n in sorted(kinds.items())), "rel_error": err,
+                     "tolerance": tolerance, "ok": err <= tolerance and kinds.get("tuned", 0) > 0})
+    return rows
+
+
 FAULT_STATUS = {"oob": Status.CRASH, "hang": Status.TIMEOUT, "wrong": Status.WRONG_ANSWER}
 
 
@@ -204,23 +259,34 @@ def check(expr, config: Config, seed: int) -> dict:
             "tolerance": fam.tolerance(expr), "ok": err <= fam.tolerance(expr)}
 
 
+CASES = ("kernels", "libraries", "route", "frontend")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=None)
     parser.add_argument("--per-expr", type=int, default=3)
     parser.add_argument("--faults", action="store_true", help="also check every family's fault hook")
+    parser.add_argument("--cases", default=",".join(CASES), help=f"which kinds of case, of {','.join(CASES)}")
+    parser.add_argument("--ops", default=None, help="kernel and library cases of these ops only (default: every op)")
     args = parser.parse_args()
+    cases = set(args.cases.split(","))
+    if cases - set(CASES):
+        parser.error(f"unknown --cases {','.join(sorted(cases - set(CASES)))}: of {','.join(CASES)}")
     torch.backends.cuda.matmul.allow_tf32 = False
     props = torch.cuda.get_device_properties(0)
     limits = Limits(props.shared_memory_per_block_optin, props.multi_processor_count)
-    pairs = matmul_cases() + general_cases() + family_cases(limits, args.per_expr) + library_cases()
+    pairs = (matmul_cases() + general_cases() + family_cases(limits, args.per_expr) if "kernels" in cases else []) \
+        + (library_cases() if "libraries" in cases else [])
+    if args.ops:
+        pairs = [(e, c) for e, c in pairs if e.op in args.ops.split(",")]
     precompile(pairs)
     rows = []
     for i, (expr, config) in enumerate(pairs):
         rows.append(check(expr, config, i))
         r = rows[-1]
         print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['case']:44s} err {r['rel_error']:.2e}  {r['config']}", flush=True)
-    rows += route_rows()
+    rows += (route_rows() if "route" in cases else []) + (frontend_rows() if "frontend" in cases else [])
     for r in rows[len(pairs):]:
         print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['case']:44s} err {r['rel_error']:.2e}  {r['config']}", flush=True)
     for op in sorted({r["case"].split()[0] for r in rows}):
