@@ -17,6 +17,7 @@ import argparse
 import inspect
 import itertools
 import json
+import random
 import statistics
 import sys
 import time
@@ -110,19 +111,22 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def bench(fn, device: str) -> float:
-    """Median ms per call over a short run (many short rounds in turns ride out a host whose speed
-    changes): do_bench on a GPU, elsewhere a wall-clock loop of about as long."""
-    if device.startswith("cuda"):
-        from triton.testing import do_bench
-
-        return do_bench(fn, warmup=5, rep=25, return_mode="median")
-    times, deadline = [], time.perf_counter() + 0.025
-    while len(times) < 5 or time.perf_counter() < deadline:
-        start = time.perf_counter()
+def bench(fn, device: str, budget_s: float = 0.01) -> float:
+    """Mean ms per call of calls back to back (the host queues the next while the GPU runs this
+    one, as a serving loop does; no cache flush between calls), over a run of about `budget_s`
+    after a warm-up: short runs in turns, round after round, ride out a host whose speed changes."""
+    for _ in range(2):
         fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    sync(device)
+    start = time.perf_counter()
+    fn()
+    sync(device)
+    calls = max(3, int(budget_s / max(time.perf_counter() - start, 1e-6)))
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync(device)
+    return (time.perf_counter() - start) * 1e3 / calls
 
 
 def child_compile(args: argparse.Namespace) -> dict:
@@ -156,9 +160,11 @@ def child_latency(args: argparse.Namespace) -> dict:
             fns.pop(variant, None)
             result["variants"][variant] = {"error": first_line(exc)}
     times: dict[str, list[float]] = {name: [] for name in fns}
+    order = list(fns)
     for round_ in range(args.rounds):
-        for name, fn in fns.items():
-            times[name].append(bench(fn, args.device))
+        random.Random(round_).shuffle(order)  # no variant always runs right after another
+        for name in order:
+            times[name].append(bench(fns[name], args.device))
         result["rounds"] = round_ + 1
         result["eager_ms"], result["eager_rounds_ms"] = statistics.median(times["eager"]), times["eager"]
         for name in fns.keys() - {"eager"}:

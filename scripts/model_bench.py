@@ -3,7 +3,7 @@ prefill shape (1, 2048, hidden) and a decode shape (16, 1, hidden); Inductor's d
 max-autotune and reduce-overhead against tritune's backend, alone and over CUDA graphs.
 
     python3 scripts/model_bench.py --out DIR [--models llama,gpt2,bert] [--shapes prefill,decode]
-            [--phases tune,compile,latency,overhead] [--db PATH] [--dtype fp16] [--rounds 15]
+            [--phases tune,compile,latency,overhead] [--db PATH] [--dtype fp16] [--rounds 40]
             [--variants LIST] [--device cuda] [--hidden N] [--child-timeout 300] [--pack FILE.tar.gz]
 
 Variants: default, max-autotune, reduce-overhead (torch.compile's modes), tritune
@@ -17,7 +17,8 @@ Each phase runs on its own and merges its results into DIR/model_bench.json:
   decode: default, reduce-overhead, tritune-ro], with empty Inductor and Triton caches: seconds
   from torch.compile to the end of the first call, error against eager, the backend's sites;
 - latency: a subprocess per model and shape compiles its variants [all; at decode not
-  max-autotune] and times them and eager in turns, --rounds rounds of short do_bench medians;
+  max-autotune] and times them and eager in turns, --rounds rounds (in each, every variant's
+  mean over ~10 ms of calls back to back, in a shuffled order);
   a ratio is the median over rounds of the two variants' times in the same round (the host's
   speed changes between rounds); it replaces that model and shape's earlier entry;
 - overhead: host µs per call of a 64x64x64 matmul replayed by tritune and as Inductor's own
@@ -67,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--phases", default=",".join(PHASES), help="comma-separated: " + ", ".join(PHASES))
     p.add_argument("--db", default=None, help="tuning database [default: OUT/tuning.db]")
     p.add_argument("--dtype", default="fp16", choices=("fp16", "bf16", "fp32"))
-    p.add_argument("--rounds", type=int, default=15, help="latency rounds (each times every variant once)")
+    p.add_argument("--rounds", type=int, default=40, help="latency rounds (each times every variant once)")
     p.add_argument("--variants", default=None, help="comma-separated subset of " + ", ".join(VARIANTS))
     p.add_argument("--device", default="cuda")
     p.add_argument("--hidden", type=int, default=None, help="hidden size [default: the factory's]")
