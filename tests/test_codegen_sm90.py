@@ -12,6 +12,7 @@ from tritune.kernels.contraction.family import MATMUL
 from tritune.kernels.faults import FAULTS
 from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.epilogue import BiasAdd, Gelu, Relu, Scale
+from tritune.kernels.wide.expr import Wide
 from tritune.schedules.config import Config
 from tritune.schedules.contraction import shared_estimate
 
@@ -40,6 +41,12 @@ def test_sm90_builds_use_wgmma_and_the_shared_estimate_is_exact():
     cases += [(Matmul(4096, 4096, 4096, epilogue=EPILOGUE), Config.of(CASES[0][1], **extra))
               for extra in (dict(TMA=1), dict(TMA=2, PERSISTENT=1), dict(PERSISTENT=1), dict(TMA=1, PERSISTENT=2))]
     cases += [(Matmul(64, 4096, 4096, epilogue=EPILOGUE), Config.of(CASES[1][1], SPLIT_K=4, UNROLL=1))]
+    # q, k, v in one launch: one pipeline for every weight (a main loop per segment would take
+    # one set of buffers each); a width of 1 (a constexpr where the others are ints) compiles too
+    cases += [(Wide(2048, (2048, 512, 512), 2048), Config.of(CASES[0][1], BLOCK_N=128)),
+              (Wide(1000, (64, 520, 72), 1576, dtype="bf16", trans_b=False, bias=True),
+               Config.of(CASES[1][1], UNROLL=1)),
+              (Wide(1000, (1, 520, 77), 1576, dtype="fp32", trans_b=False, bias=True), Config.of(CASES[2][1]))]
     results = build_sm90(cases)
     assert len(results) == len(cases)
     for (expr, config), got in zip(cases, results):

@@ -31,6 +31,7 @@ REGISTRY = {
     "softmax": "tritune.kernels.rows.family:SOFTMAX",
     "layernorm": "tritune.kernels.rows.family:LAYERNORM",
     "gated": "tritune.kernels.gated.family:GATED",
+    "wide": "tritune.kernels.wide.family:WIDE",
 }
 # files of tritune/kernels that shape every family's binaries
 SHARED_SOURCES = ("codegen.py", "expr.py", "epilogue.py")

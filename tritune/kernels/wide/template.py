@@ -1,0 +1,87 @@
+"""Triton source of the wide GEMM, generated from a Wide expression.
+
+The grid covers M tiles x (tiles of N_1 + tiles of N_2 [+ tiles of N_3]) in the grouped order of
+every GEMM here; a program finds its weight from its N-tile index by an if/elif chain over the
+segments' tile boundaries (constexprs), so no tile straddles two weights. The chain picks that
+segment's weight, output, bias, width and strides; one tile of that product follows, by the
+contraction template's own main loop and epilogue (its bias only).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from tritune.kernels.codegen import load_source
+from tritune.kernels.contraction import template as contraction
+from tritune.kernels.wide.expr import Wide
+
+KERNEL_NAME = "tritune_wide"
+SHARED_INTS = ("M", "K", "stride_xm", "stride_xk")
+# per segment: its width, its weight's strides (as [K, N]), its output's, its bias's
+SEGMENT_INTS = ("N{i}", "stride_w{i}k", "stride_w{i}n", "stride_c{i}m", "stride_c{i}n", "stride_b{i}")
+
+_KERNEL = '''
+
+@triton.jit
+def {name}(
+    X, {pointers},
+{int_params}
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    {ends},
+):
+    # {description}
+    pid_m, pid_n = _tile_of(tl.program_id(0), tl.cdiv(M, BLOCK_M), END{last}, GROUP_M)
+    # the chain picks the segment's operands only: one main loop after it, not one per branch
+    # (Triton gives every inlined loop its own pipeline buffers: three loops, three times the
+    # shared memory)
+{branches}    acc = _mainloop(X, W, X, W, 0, pid_m, pid_n, 0, tl.cdiv(K, BLOCK_K), M, N, K, 0, stride_xm, stride_xk,
+                    0, stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K, DOT_PRECISION, 0, 0)
+    _finish(acc, C, B, 0, pid_m, pid_n, M, N, 0, stride_cm, stride_cn, stride_b, BLOCK_M, BLOCK_N, 0)
+'''
+
+_BRANCH = '''\
+    {keyword}:
+        W, C, B, N = W{i}, C{i}, B{i}, N{i}
+        stride_wk, stride_wn, stride_b = stride_w{i}k, stride_w{i}n, stride_b{i}
+        stride_cm, stride_cn = stride_c{i}m, stride_c{i}n
+{shift}'''
+
+
+def int_names(expr: Wide) -> tuple[str, ...]:
+    """The kernel's integer parameters: the shared sizes and x's strides, then each segment's."""
+    return SHARED_INTS + tuple(name.format(i=i) for i in range(len(expr.ns)) for name in SEGMENT_INTS)
+
+
+def pointer_names(expr: Wide) -> tuple[str, ...]:
+    """The kernel's pointers after X: the weights, the outputs, the biases."""
+    return tuple(f"{kind}{i}" for kind in "WCB" for i in range(len(expr.ns)))
+
+
+def _branches(count: int) -> str:
+    out = ""
+    for i in range(count):
+        keyword = "else" if i == count - 1 else "if pid_n < END0" if i == 0 else f"elif pid_n < END{i}"
+        out += _BRANCH.format(keyword=keyword, i=i, shift=f"        pid_n -= END{i - 1}\n" if i else "")
+    return out
+
+
+def source(expr: Wide, specialize: bool = False) -> str:
+    """The Triton source of the kernel computing `expr`; `specialize`: its sizes and strides are
+    constexprs (one binary per shape, launched with pointers only: what a compiled model replays)."""
+    kind = ": tl.constexpr" if specialize else ""
+    names = int_names(expr)
+    groups = (names[:len(SHARED_INTS)], *(names[j:j + len(SEGMENT_INTS)]
+                                          for j in range(len(SHARED_INTS), len(names), len(SEGMENT_INTS))))
+    count = len(expr.ns)
+    # the contraction template's module brings _tile_of, _mainloop and _finish (the bias only:
+    # the Matmul has no other epilogue); its own kernel stays unused
+    return contraction.source(expr.as_matmul()) + _KERNEL.format(
+        name=KERNEL_NAME, description=expr.describe(), pointers=", ".join(pointer_names(expr)),
+        int_params="\n".join("    " + " ".join(f"{n}{kind}," for n in group) for group in groups),
+        ends=", ".join(f"END{i}: tl.constexpr" for i in range(count)), last=count - 1,
+        branches=_branches(count))
+
+
+def load(expr: Wide, specialize: bool = False) -> Any:
+    """The @triton.jit function of the generated source for `expr` (see `source`)."""
+    return load_source(source(expr, specialize), KERNEL_NAME)
