@@ -17,7 +17,6 @@ import argparse
 import inspect
 import itertools
 import json
-import random
 import statistics
 import sys
 import time
@@ -111,24 +110,6 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def bench(fn, device: str, budget_s: float = 0.01) -> float:
-    """Mean ms per call of calls back to back (the host queues the next while the GPU runs this
-    one, as a serving loop does; no cache flush between calls), over a run of about `budget_s`
-    after a warm-up: short runs in turns, round after round, ride out a host whose speed changes."""
-    for _ in range(2):
-        fn()
-    sync(device)
-    start = time.perf_counter()
-    fn()
-    sync(device)
-    calls = max(3, int(budget_s / max(time.perf_counter() - start, 1e-6)))
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    sync(device)
-    return (time.perf_counter() - start) * 1e3 / calls
-
-
 def child_compile(args: argparse.Namespace) -> dict:
     """One variant from empty caches: seconds from torch.compile to the end of the first call."""
     variant = args.variants[0]
@@ -146,6 +127,8 @@ def child_compile(args: argparse.Namespace) -> dict:
 def child_latency(args: argparse.Namespace) -> dict:
     """Every variant compiled here, then timed in turns with eager, round after round (drift hits
     all alike); the JSON is rewritten after each round, for a parent that times this out."""
+    from tritune.tuner.model_check import in_turns
+
     model, x = build(args)
     ref = model(x)
     fns, result = {"eager": lambda: model(x)}, {"variants": {}, "rounds": 0}
@@ -159,17 +142,13 @@ def child_latency(args: argparse.Namespace) -> dict:
         except Exception as exc:  # one variant that fails must not cost the others
             fns.pop(variant, None)
             result["variants"][variant] = {"error": first_line(exc)}
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    order = list(fns)
-    for round_ in range(args.rounds):
-        random.Random(round_).shuffle(order)  # no variant always runs right after another
-        for name in order:
-            times[name].append(bench(fns[name], args.device))
-        result["rounds"] = round_ + 1
+    def record(times: dict[str, list[float]]) -> None:
+        result["rounds"] = len(times["eager"])
         result["eager_ms"], result["eager_rounds_ms"] = statistics.median(times["eager"]), times["eager"]
         for name in fns.keys() - {"eager"}:
             result["variants"][name].update(latency_ms=statistics.median(times[name]), rounds_ms=times[name])
         Path(args.child_json).write_text(json.dumps(result, indent=2))
+    in_turns(fns, args.rounds, record)
     return result
 
 

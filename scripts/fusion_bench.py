@@ -17,7 +17,7 @@ Phases, each merging its results into DIR/fusion_bench.json:
 - latency: per block, eager, Inductor's default, max-autotune (without CUDA graphs: one block's
   kernels alike), tritune (backend=tritune.compiler(db): each site's verdict decides) and kernel
   (the best tuned kernel of each site even where the library won: what the kernels must beat),
-  compiled in this process and timed in turns, --rounds rounds of short do_bench medians; a
+  compiled in this process and timed in turns (`model_check.in_turns`), --rounds rounds; a
   speed-up is the median over rounds of the other's time over ours in the same round;
 - models: scripts/model_bench.py --phases tune,latency --shapes prefill for --models into
   DIR/models with the same database; the decoder targets read from its rounds (llama: >= 1.05x
@@ -184,7 +184,9 @@ def build(args: argparse.Namespace, block: str) -> tuple:
 def time_block(args: argparse.Namespace, block: str, out: Path) -> dict:
     """Every variant of one block: rel error against eager, the backend's sites, ms, per-round times."""
     import torch
-    from bench_children import bench, first_line, rel_err
+    from bench_children import first_line, rel_err
+
+    from tritune.tuner.model_check import in_turns
 
     import tritune
 
@@ -203,9 +205,8 @@ def time_block(args: argparse.Namespace, block: str, out: Path) -> dict:
                 rows[variant] = {"rel_err": rel_err(y, ref), "sites": backend.sites if backend else None}
             except Exception as exc:  # noqa: BLE001 - one variant that fails must not cost the others
                 rows[variant] = {"error": first_line(exc)}
-        for _ in range(args.rounds):
-            for name, fn in fns.items():
-                rows[name].setdefault("rounds_ms", []).append(bench(fn, args.device))
+        for name, times in in_turns(fns, args.rounds).items():
+            rows[name]["rounds_ms"] = times
     for row in rows.values():
         if row.get("rounds_ms"):
             row["ms"] = sorted(row["rounds_ms"])[len(row["rounds_ms"]) // 2]

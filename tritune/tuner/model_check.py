@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import random
 import statistics
 import tempfile
+import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from tritune.records.database import Database
 from tritune.records.dispatch import graph_mode
@@ -29,7 +31,7 @@ MAX_REL_ERROR = 5e-2  # a compiled model further than this from Inductor's outpu
 
 
 def check_model(spec: str, input_shapes: Sequence[str], dtype: str, db_path: str | Path,
-                modes: Sequence[str] = MODES, rounds: int = 15, timeout_s: float = 900.0) -> list[dict]:
+                modes: Sequence[str] = MODES, rounds: int = 30, timeout_s: float = 900.0) -> list[dict]:
     """Measure the model (built from `spec` with seeded random weights on the GPU) in each mode in a
     child process, store a graph verdict for every graph with tuned sites, and return one result
     per mode ({'mode', 'error'} where the check failed: no verdict is stored then)."""
@@ -152,16 +154,43 @@ def _caller(compiled: Any, inputs: tuple, mode: str) -> Any:
     return lambda: (torch.compiler.cudagraph_mark_step_begin(), compiled(*inputs))[1]
 
 
-def in_turns(fns: dict, rounds: int) -> dict[str, list[float]]:
-    """Each function's median ms per call in each round, the functions timed in turns with short
-    runs: on a shared host the CPU's speed comes and goes within seconds (one model's decode step
-    read 0.72 and 1.40 ms in rounds of one run), and a round's functions run close together."""
-    from triton.testing import do_bench
+def per_call_ms(fn: Any, budget_s: float = 0.01) -> float:
+    """Mean ms per call of calls back to back (the host queues the next while the GPU runs this
+    one, as a serving loop does; no cache flush between calls) over about `budget_s`, after a
+    warm-up."""
+    import torch
 
+    def sync() -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    for _ in range(2):
+        fn()
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    calls = max(3, int(budget_s / max(time.perf_counter() - start, 1e-6)))
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync()
+    return (time.perf_counter() - start) * 1e3 / calls
+
+
+def in_turns(fns: dict, rounds: int, after_round: Callable[[dict], None] | None = None) -> dict[str, list[float]]:
+    """Each function's ms per call in each round, the functions timed in turns with short runs in
+    an order shuffled per round: on a shared host the CPU's speed comes and goes within seconds
+    (one model's decode step read 0.72 and 1.40 ms in rounds of one run), and a round's functions
+    run close together (paired by round, see `paired_ratio`). `after_round` gets the times so far."""
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            times[name].append(do_bench(fn, warmup=5, rep=25, return_mode="median"))
+    order = list(fns)
+    for round_ in range(rounds):
+        random.Random(round_).shuffle(order)  # no function always runs right after another
+        for name in order:
+            times[name].append(per_call_ms(fns[name]))
+        if after_round is not None:
+            after_round(times)
     return times
 
 
