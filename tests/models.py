@@ -93,3 +93,17 @@ class GatedMLP(nn.Module):
 def swiglu():
     """A factory for `tune-cli tune-model --model tests/models.py:swiglu`: a gated MLP (input 64 wide)."""
     return GatedMLP(64, 96)
+
+
+class Projections(nn.Module):
+    """Attention's q, k and v projections of one input (k and v narrower: grouped-query attention),
+    a fourth projection of it with a ReLU after, and a product of one output with another weight."""
+
+    def __init__(self, hidden=29, q=29, kv=13, bias=False):
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(hidden, n, bias=bias) for n in (q, kv, kv))
+        self.gate = nn.Linear(hidden, kv, bias=bias)
+
+    def forward(self, x):
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        return q * 2, k.transpose(-1, -2) @ v, torch.relu(self.gate(x)), self.k(q)

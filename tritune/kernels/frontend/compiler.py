@@ -2,12 +2,13 @@
 
 Each contraction of the graph (with the epilogue that fuses after it, extra inputs included) whose
 exact workload's best record on this device is a tritune kernel becomes a call to
-`torch.ops.tritune.matmul`, and each gated pair act(x @ W1ᵀ) * (x @ W2ᵀ) so tuned a call to
-`torch.ops.tritune.gated`: triton_ops that Inductor launches like its own kernels. A site whose best
-is the library (cuBLAS measured faster while tuning), every site without a record, and the rest of
-the graph go to Inductor (or to another `fallback`), in the `mode` asked for ("reduce-overhead":
-CUDA graphs); a gated pair whose kernel does not run leaves its two contractions to be sites of
-their own. Misses are logged once per workload.
+`torch.ops.tritune.matmul`, each gated pair act(x @ W1ᵀ) * (x @ W2ᵀ) so tuned a call to
+`torch.ops.tritune.gated`, and each wide group (projections of one input: q, k, v) one call to
+`torch.ops.tritune.wide` returning its outputs: triton_ops that Inductor launches like its own
+kernels. A site whose best is the library (cuBLAS measured faster while tuning), every site without
+a record, and the rest of the graph go to Inductor (or to another `fallback`), in the `mode` asked
+for ("reduce-overhead": CUDA graphs); a gated pair or wide group whose kernel does not run leaves
+its contractions to be sites of their own. Misses are logged once per workload.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import hashlib
 import importlib
 import json
 import logging
+import operator
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -30,7 +32,7 @@ from tritune.records import dispatch
 
 log = logging.getLogger("tritune.compiler")
 _logged: set[str] = set()
-Matched = graph.Match | graph.GatedMatch  # a site a compiled graph may run a tuned kernel for
+Matched = graph.Match | graph.GatedMatch | graph.WideMatch  # a site a compiled graph may run a tuned kernel for
 
 
 def compiler(db: Any = None, *, fallback: str | Callable = "inductor", mode: str | None = None,
@@ -188,39 +190,71 @@ class Backend:
 
 def _resolve(history: Any, site: Matched, info: dict) -> list[tuple[Matched, str, Any]]:
     """(site, kind, best config) of a site: 'tuned' (a tritune kernel won), 'library' or 'miss';
-    where a gated pair's kernel does not run, also its two contractions that have records."""
+    where a gated pair's or wide group's kernel does not run, also its contractions that have records."""
     def kind(expr: Any) -> tuple[str, Any]:
         config = None if history is None else history.best(expr.key, device_key(info, expr.op))
         return ("miss" if config is None else "library" if config.library is not None else "tuned"), config
 
     found = [(site, *kind(site.expr))]
-    if isinstance(site, graph.GatedMatch) and found[0][1] != "tuned":
+    if isinstance(site, (graph.GatedMatch, graph.WideMatch)) and found[0][1] != "tuned":
         found += [(p, *kind(p.expr)) for p in site.projections]
-        found = found[:1] + [f for f in found[1:] if f[1] != "miss"]  # the pair's own record covers them
+        found = found[:1] + [f for f in found[1:] if f[1] != "miss"]  # the group's own record covers them
     return found
 
 
 def rewrite(gm: fx.GraphModule, hits: list[tuple[Matched, str]]) -> None:
-    """Replace each matched site (a contraction and its fused epilogue, or a gated pair) by one
-    call of its tuned op (its spec)."""
+    """Replace each matched site (a contraction and its fused epilogue, a gated pair, or a wide
+    group) by one call of its tuned op (its spec)."""
     g, replaced = gm.graph, {}
 
     def get(node: Any) -> Any:
         return replaced.get(node, node)
 
     for m, spec in hits:
+        if isinstance(m, graph.WideMatch):
+            _rewrite_wide(g, m, spec, get, replaced)
+            continue
         with g.inserting_before(m.last):
             call = _gated_call if isinstance(m, graph.GatedMatch) else _matmul_call
-            out = fused = call(g, m, spec, get)
-            fused.meta["val"] = graph.val(m.node)
-            if graph.val(m.last).shape != graph.val(m.node).shape:
-                out = g.call_function(torch.ops.aten.view.default, (fused, list(graph.val(m.last).shape)))
-            out.meta["val"] = graph.val(m.last)
-        m.last.replace_all_uses_with(out)
-        replaced[m.last] = out
+            _stand_in(g, m, call(g, m, spec, get), replaced)
     g.eliminate_dead_code()
     g.lint()
     gm.recompile()
+
+
+def _stand_in(g: fx.Graph, m: graph.Match | graph.GatedMatch, fused: fx.Node, replaced: dict) -> None:
+    """Let `fused`, the value of `m`'s contraction with its epilogue, replace `m.last` (viewed to
+    its shape where the epilogue went through views); inserted where the graph's cursor is."""
+    fused.meta["val"] = out = graph.val(m.node)
+    if graph.val(m.last).shape != out.shape:
+        fused = g.call_function(torch.ops.aten.view.default, (fused, list(graph.val(m.last).shape)))
+        fused.meta["val"] = graph.val(m.last)
+    m.last.replace_all_uses_with(fused)
+    replaced[m.last] = fused
+
+
+def _rewrite_wide(g: fx.Graph, m: graph.WideMatch, spec: str, get: Callable, replaced: dict) -> None:
+    """torch.ops.tritune.wide(x, [w...], [b...], spec) in the first projection's place, each of its
+    outputs replacing one projection; later projections' weights (views of parameters) move up."""
+    from tritune.kernels.frontend import tuned_op
+
+    order = {n: i for i, n in enumerate(g.nodes)}
+
+    def before(node: fx.Node) -> fx.Node:
+        # graph.find checked that a node after the first projection is views of nodes before it
+        # or of parameters; a node this rewrite added stands where the one it replaced was
+        if order.get(node, -1) < order[m.node]:
+            return node
+        return g.node_copy(node, lambda n: before(get(n)))
+
+    with g.inserting_before(m.node):
+        ws = [before(get(p.b)) for p in m.projections]
+        bs = [_shaped(g, before(get(p.bias)), graph.val(p.bias), [p.expr.n]) for p in m.projections
+              if p.bias is not None]
+        call = g.call_function(tuned_op.WIDE_OP, (get(m.x), ws, bs, spec))
+        call.meta["val"] = [graph.val(p.node) for p in m.projections]
+        for i, p in enumerate(m.projections):
+            _stand_in(g, p, g.call_function(operator.getitem, (call, i)), replaced)
 
 
 def _matmul_call(g: fx.Graph, m: graph.Match, spec: str, get: Callable) -> fx.Node:

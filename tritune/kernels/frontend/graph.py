@@ -1,5 +1,6 @@
 """Contractions in a traced model: each mm / addmm / bmm / baddbmm with the pointwise epilogue
-after it (`epilogue_match`), and gated pairs act(x @ W1ᵀ [+ b1]) * (x @ W2ᵀ [+ b2]) as one site.
+after it (`epilogue_match`), gated pairs act(x @ W1ᵀ [+ b1]) * (x @ W2ᵀ [+ b2]) as one site, and
+2 or 3 projections of one input with no epilogue but their bias (q, k, v) as one wide site.
 Outer products (K = 1, e.g. rotary embeddings' position x frequency) are no contraction worth a kernel.
 
 Task extraction and the torch.compile backend match on one normal form (`aten_graph`): the model
@@ -18,10 +19,11 @@ import torch.fx as fx
 from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.epilogue import BiasAdd, Binary, Gelu, Scale, Unary
 from tritune.kernels.expr import ExprError
-from tritune.kernels.frontend.epilogue_match import (MAX_NODES, VIEWS, Scope, follow, is_view_of, static, val,
-                                                     written)
+from tritune.kernels.frontend.epilogue_match import (ALIASES, MAX_NODES, VIEWS, Scope, follow, is_view_of, static,
+                                                     val, written)
 from tritune.kernels.frontend.ops import DTYPE_NAMES, contraction_expr, layout_of
 from tritune.kernels.gated.expr import Gated
+from tritune.kernels.wide.expr import MAX_WEIGHTS, Wide
 
 A = torch.ops.aten
 CONTRACTIONS = (A.mm.default, A.addmm.default, A.bmm.default, A.baddbmm.default)
@@ -71,6 +73,25 @@ class GatedMatch:
     unfused: str = ""
 
 
+@dataclass(frozen=True)
+class WideMatch:
+    """x @ w_i [+ b_i] for 2 or 3 projections of one input `x`: the members' own matches, in graph
+    order (for when the wide kernel does not run); output i replaces projection i's `last`."""
+
+    expr: Wide
+    x: fx.Node
+    projections: tuple[Match, ...]
+
+    @property
+    def node(self) -> fx.Node:
+        """The first projection's contraction: where the wide kernel runs."""
+        return self.projections[0].node
+
+    @property
+    def unfused(self) -> str:
+        return ", ".join(p.unfused for p in self.projections if p.unfused)
+
+
 def aten_graph(fn: Callable, args: Sequence[Any], fake_mode: Any = None) -> fx.GraphModule:
     """`fn(*args)` traced to the ATen normal form on fake tensors (nothing is computed)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -91,10 +112,10 @@ def tf32_allowed() -> bool:
     return torch.get_float32_matmul_precision() != "highest"
 
 
-def find(gm: fx.GraphModule, allow_tf32: bool = True) -> list[Match | GatedMatch]:
+def find(gm: fx.GraphModule, allow_tf32: bool = True) -> list[Match | GatedMatch | WideMatch]:
     """Every site of the graph a tritune kernel can compute, in graph order: contractions (a later
-    one does not fuse ops an earlier one already did) and gated pairs, which carry the matches of
-    their two contractions instead of listing them."""
+    one does not fuse ops an earlier one already did), gated pairs and wide groups, which carry
+    the matches of their contractions instead of listing them."""
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     matches: dict[fx.Node, Match] = {}
@@ -103,11 +124,15 @@ def find(gm: fx.GraphModule, allow_tf32: bool = True) -> list[Match | GatedMatch
         if n.target in CONTRACTIONS and (m := _match(n, allow_tf32, Scope(n, order, claimed))) is not None:
             matches[n] = m
             claimed |= m.nodes
-    sites: dict[fx.Node, Match | GatedMatch] = {}
+    sites: dict[fx.Node, Match | GatedMatch | WideMatch] = {}
     for n in calls:
         if n.target == A.mul.Tensor and (g := _gated(n, order, allow_tf32)) is not None:
             pair = tuple(matches.pop(p) for p in (g.node, g.up) if p in matches)
             sites[min(g.node, g.up, key=order.__getitem__)] = replace(g, projections=pair)
+    for w in _wide(list(matches.values()), order):
+        for p in w.projections:
+            del matches[p.node]
+        sites[w.node] = w
     sites.update(matches)
     return [sites[n] for n in sorted(sites, key=order.__getitem__)]
 
@@ -220,8 +245,68 @@ def _only_feeds(node: fx.Node, target: fx.Node) -> bool:
 
 def _same(x: fx.Node, y: fx.Node) -> bool:
     """Whether two nodes hold the same tensor: one node, or equal views of one."""
-    if x is y:
-        return True
-    same_view = x.target in VIEWS and y.target in VIEWS and x.args[0] is y.args[0]
-    return same_view and val(x).shape == val(y).shape and val(x).stride() == val(y).stride()
+    return _tensor_of(x) == _tensor_of(y)
 
+
+def _tensor_of(x: fx.Node) -> tuple:
+    """What equal views of one node share: the node viewed, the shape and strides (else the node)."""
+    v = val(x)
+    return (x.args[0], tuple(v.shape), tuple(v.stride())) if x.target in VIEWS else (x,)
+
+
+def _wide(matches: list[Match], order: dict[fx.Node, int]) -> list[WideMatch]:
+    """Projections of one input (the same K, dtype, weight layout, bias or none, no other epilogue)
+    in groups of up to three, in graph order; one left over stays a contraction site."""
+    groups: dict[tuple, list[Match]] = {}
+    for m in matches:
+        if _projection(m):
+            e = m.expr
+            groups.setdefault((_tensor_of(m.a), e.k, e.dtype, e.trans_b, e.has_bias, e.allow_tf32), []).append(m)
+    found = []
+    for members in groups.values():
+        while len(members) > 1:
+            group = _independent(members[:MAX_WEIGHTS], order)
+            members = [m for m in members if not any(m is g for g in group)]
+            if len(group) > 1:
+                e = group[0].expr
+                expr = Wide(e.m, tuple(p.expr.n for p in group), e.k, e.dtype, e.trans_b, e.has_bias, e.allow_tf32)
+                found.append(WideMatch(expr, group[0].a, tuple(group)))
+    return found
+
+
+def _projection(m: Match) -> bool:
+    """Whether a contraction is x @ w [+ b] of a row-major 2-D x, with nothing else fused."""
+    plain = m.expr.epilogue in ((), (BiasAdd(),)) and not m.inputs and m.node.target in (A.mm.default, A.addmm.default)
+    return plain and m.expr.batch == 1 and layout_of(val(m.a)) is False
+
+
+def _independent(members: list[Match], order: dict[fx.Node, int]) -> list[Match]:
+    """The first member and those after it with weights of their own (one weight twice is one
+    product twice: nothing to share) whose weight and bias exist before the first member or are
+    views of what does (the wide kernel runs in its place): none reads another's output."""
+    first, group, weights = members[0].node, [], set()
+    for m in members:
+        if _weight(m.b) not in weights and all(_available(n, first, order) for n in (m.b, m.bias) if n is not None):
+            group.append(m)
+            weights.add(_weight(m.b))
+    return group
+
+
+def _weight(node: fx.Node) -> Any:
+    """What a weight operand is a view of: a node, or the name of a parameter (tracing reads one
+    parameter by a get_attr node per use)."""
+    while node.target in ALIASES and len(node.all_input_nodes) == 1 and node.args[0] in node.all_input_nodes:
+        node = node.args[0]
+    return node.target if node.op == "get_attr" else node
+
+
+def _available(node: fx.Node, point: fx.Node, order: dict[fx.Node, int]) -> bool:
+    """Whether `node` comes before `point` in the graph, or is views of a node that does or of a
+    parameter (a get_attr, which tracing places at its first use)."""
+    for _ in range(MAX_NODES):
+        if order[node] < order[point] or node.op == "get_attr":
+            return True
+        if node.target not in ALIASES or len(node.all_input_nodes) != 1 or node.args[0] not in node.all_input_nodes:
+            return False
+        node = node.args[0]
+    return False

@@ -4,6 +4,8 @@
                                                          epilogue's extra tensors (expr.inputs order)
     torch.ops.tritune.gated(x, w1, w2, b1, b2, spec)     act(x @ w1 [+ b1]) * (x @ w2 [+ b2]), w1 and
                                                          w2 the [K, N] operands of the products
+    torch.ops.tritune.wide(x, ws, bs, spec)              [x @ w_i (+ b_i) for each w_i], the [K, N_i]
+                                                         operands; bs empty without biases
 
 Each is a `torch.library.triton_op`: when torch.compile traces it, its body becomes a launch of the
 tuned Triton kernel in Inductor's own generated code (Inductor compiles it with its other kernels,
@@ -34,13 +36,16 @@ from tritune.kernels.frontend.ops import DTYPE_NAMES, input_problem, layout_of
 from tritune.kernels.gated import launch as gated_launch
 from tritune.kernels.gated.expr import Gated
 from tritune.kernels.gated.family import GATED
+from tritune.kernels.wide import launch as wide_launch
+from tritune.kernels.wide.expr import Wide
+from tritune.kernels.wide.family import products
 from tritune.schedules.config import Config
 
 log = logging.getLogger("tritune.compiler")
 _misfits: set[Any] = set()
 
 
-def spec_of(expr: Matmul | Gated, config: Config) -> str:
+def spec_of(expr: Matmul | Gated | Wide, config: Config) -> str:
     """The op's spec for one call site: the expression and the config to run."""
     return json.dumps({"expr": expr.to_dict(), "config": json.loads(config.to_json())}, sort_keys=True,
                       separators=(",", ":"))
@@ -139,13 +144,49 @@ class GatedSite:
                 and w1.stride() == w2.stride() and biases)
 
 
+class WideSite:
+    """One wide call site (projections of one input): its kernel function, grid and compile-time parameters."""
+
+    def __init__(self, expr: Wide, config: Config) -> None:
+        self.expr, self.config = expr, config
+        self.fn = wide_launch.template.load(expr, specialize=True)
+        self.grid = wide_launch.grid(expr, config)
+        self.consts = _consts(wide_launch, expr, config)
+
+    def empty_outs(self, x: Any) -> list:
+        """A fresh contiguous [M, N_i] output per weight."""
+        return [x.new_empty((self.expr.m, n)) for n in self.expr.ns]
+
+    def __call__(self, x: Any, ws: list, bs: list) -> list:
+        expr, outs = self.expr, self.empty_outs(x)
+        # the kernel takes the weights as stored ([N, K] for nn.Linear's), the graph their [K, N] views
+        ws = [w.t() for w in ws] if expr.trans_b else list(ws)
+        bs = list(bs) if expr.bias else [None] * len(ws)
+        if not self.fits(x, ws, bs):
+            _misfit(self)
+            return products(expr, x, *ws, *outs, *bs)
+        ints = dict(zip(wide_launch.template.int_names(expr), wide_launch.ints_of(expr, x, ws, outs, bs)))
+        wrap_triton(self.fn)[self.grid](x, *ws, *outs, *bs, **ints, **self.consts)
+        return outs
+
+    def fits(self, x: Any, ws: list, bs: list) -> bool:
+        """Whether x is row-major in the tuned dtype, and there are as many weights (as stored:
+        [N_i, K] or [K, N_i], rows contiguous) and biases (vectors) as tuned."""
+        expr = self.expr
+        biases = not expr.bias or all(b is not None and b.dim() == 1 for b in bs)
+        return (layout_of(x) is False and DTYPE_NAMES.get(str(x.dtype)) == expr.dtype and len(ws) == len(expr.ns)
+                and len(bs) == len(ws) and all(w.stride()[-1] == 1 for w in ws) and biases)
+
+
 @lru_cache(maxsize=None)
-def site(spec: str) -> Site | GatedSite:
+def site(spec: str) -> Site | GatedSite | WideSite:
     """The call site of a spec (its kernel source generated and loaded once)."""
     data = json.loads(spec)
-    config = Config.of(data["config"])
-    if data["expr"].get("op") == Gated.op:
+    config, op = Config.of(data["config"]), data["expr"].get("op")
+    if op == Gated.op:
         return GatedSite(Gated.from_dict(data["expr"]), config)
+    if op == Wide.op:
+        return WideSite(Wide.from_dict(data["expr"]), config)
     return Site(Matmul.from_dict(data["expr"]), config)
 
 
@@ -161,6 +202,11 @@ def gated(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, b1: Optional[torc
     return site(spec)(x, w1, w2, b1, b2)
 
 
+def wide(x: torch.Tensor, ws: list[torch.Tensor], bs: list[torch.Tensor], spec: str) -> list[torch.Tensor]:
+    """[x @ w_i (+ b_i)] by the tuned kernel of `spec` (a fresh [M, N_i] output each)."""
+    return site(spec)(x, ws, bs)
+
+
 if interpreted():
     # The interpreter's kernels cannot be traced into Inductor's code (they are not JIT functions):
     # on a CPU the ops stay opaque and run them eagerly, so the rest of the route is testable there.
@@ -169,8 +215,12 @@ if interpreted():
     torch.library.custom_op("tritune::gated", gated, mutates_args=())
     torch.library.register_fake("tritune::gated", lambda x, w1, w2, b1, b2, spec: x.new_empty(
         (site(spec).expr.m, site(spec).expr.n)))
+    torch.library.custom_op("tritune::wide", wide, mutates_args=())
+    torch.library.register_fake("tritune::wide", lambda x, ws, bs, spec: site(spec).empty_outs(x))
 else:
     triton_op("tritune::matmul", matmul, mutates_args=())
     triton_op("tritune::gated", gated, mutates_args=())
+    triton_op("tritune::wide", wide, mutates_args=())
 OP = torch.ops.tritune.matmul.default
 GATED_OP = torch.ops.tritune.gated.default
+WIDE_OP = torch.ops.tritune.wide.default
