@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 from functools import lru_cache
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 from torch.library import triton_op, wrap_triton
@@ -112,14 +112,23 @@ class Site:
         return out
 
 
-class GatedSite:
-    """One gated call site: its kernel function, grid and compile-time parameters."""
+class _OneKernel:
+    """A call site of a family whose launch module (`launch`) has one kernel per expression: its
+    source specialised to the site, its grid and compile-time parameters."""
 
-    def __init__(self, expr: Gated, config: Config) -> None:
+    launch: ClassVar[Any]
+
+    def __init__(self, expr: Any, config: Config) -> None:
         self.expr, self.config = expr, config
-        self.fn = gated_launch.template.load(expr, specialize=True)
-        self.grid = gated_launch.grid(expr, config)
-        self.consts = _consts(gated_launch, expr, config)
+        self.fn = self.launch.template.load(expr, specialize=True)
+        self.grid = self.launch.grid(expr, config)
+        self.consts = _consts(self.launch, expr, config)
+
+
+class GatedSite(_OneKernel):
+    """One gated call site."""
+
+    launch = gated_launch
 
     def __call__(self, x: Any, w1: Any, w2: Any, b1: Any, b2: Any) -> Any:
         expr = self.expr
@@ -144,14 +153,10 @@ class GatedSite:
                 and w1.stride() == w2.stride() and biases)
 
 
-class WideSite:
-    """One wide call site (projections of one input): its kernel function, grid and compile-time parameters."""
+class WideSite(_OneKernel):
+    """One wide call site (projections of one input)."""
 
-    def __init__(self, expr: Wide, config: Config) -> None:
-        self.expr, self.config = expr, config
-        self.fn = wide_launch.template.load(expr, specialize=True)
-        self.grid = wide_launch.grid(expr, config)
-        self.consts = _consts(wide_launch, expr, config)
+    launch = wide_launch
 
     def empty_outs(self, x: Any) -> list:
         """A fresh contiguous [M, N_i] output per weight."""
