@@ -83,3 +83,21 @@ def abort_on_block_m_32(expr, config, problem, target, shared_limit):
         os.abort()
     time.sleep(0.2)
     return BuildResult(config, None, 0.2)
+
+
+class AllBuild(FakeBuilder):
+    """Builds every config (FakeBuilder fails BLOCK_K 128, the matmul space's stand-in error)."""
+
+    fails = staticmethod(lambda config: False)
+
+
+def fake_gpu_session(monkeypatch, builder=AllBuild):
+    """tune-cli's session on a fake GPU worker (tests/fake_worker.py) and a fake builder."""
+    from functools import partial
+
+    import fake_worker
+    from tritune.tuner import session
+    from tritune.tuner.runner import Runner
+
+    monkeypatch.setattr(session, "Runner", partial(Runner, handlers=fake_worker.session_handlers))
+    monkeypatch.setattr(session, "Builder", lambda *args, **kwargs: builder())

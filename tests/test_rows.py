@@ -2,15 +2,13 @@
 modes (one block per row, two passes over chunks); expression, CLI, space, features; sm_90 builds."""
 import json
 import math
-from functools import partial
 
 import numpy as np
 import pytest
 import torch
 
-import fake_worker
 from cases import run_case
-from fakes import FakeBuilder
+from fakes import fake_gpu_session
 from test_codegen_sm90 import build_sm90
 
 from tritune.kernels.rows.features import FEATURE_NAMES
@@ -21,10 +19,8 @@ from tritune.kernels.rows.template import single_pass
 from tritune.schedules.config import Config
 from tritune.schedules.rows import MAX_PER_THREAD, MIN_CHUNK_BYTES
 from tritune.schedules.space import Limits
-from tritune.tuner import session
 from tritune.tuner.cli import main
 from tritune.tuner.measure import rel_error
-from tritune.tuner.runner import Runner
 
 H100 = Limits.for_capability(9, 0)
 BENCH = (Softmax(4096, 4096), Softmax(8192, 1024), Softmax(2048, 50257), LayerNorm(8192, 4096), LayerNorm(4096, 1024))
@@ -239,11 +235,7 @@ def test_sm90_builds_load_full_vectors_where_rows_are_aligned():
 def test_tune_cli_runs_softmax_end_to_end(monkeypatch, tmp_path):
     """The tuner's wiring with a fake GPU worker: the sa search proposes from this space and features,
     and the summary is rated in TB/s."""
-    monkeypatch.setattr(session, "Runner", partial(Runner, handlers=fake_worker.session_handlers))
-    class Builds(FakeBuilder):
-        fails = staticmethod(lambda config: False)  # FakeBuilder fails matmul configs by BLOCK_K
-
-    monkeypatch.setattr(session, "Builder", lambda *args, **kwargs: Builds())
+    fake_gpu_session(monkeypatch)
     summary = tmp_path / "s.json"
     main(["run", "--op", "softmax", "--shape", "4096,4096", "--trials", "20", "--batch-size", "8",
           "--db", str(tmp_path / "t.db"), "--summary-json", str(summary)])

@@ -2,14 +2,12 @@
 under the interpreter at awkward shapes (two and three weights, both layouts, biases, fp16 and
 fp32, separate strided outputs); its space, features, library candidates and command line."""
 import json
-from functools import partial
 
 import pytest
 import torch
 
-import fake_worker
 from cases import run_case
-from fakes import FakeBuilder
+from fakes import fake_gpu_session
 from test_cli import cli
 
 from tritune.kernels.expr import ExprError
@@ -20,10 +18,8 @@ from tritune.kernels.wide.features import FEATURE_NAMES
 from tritune.schedules.config import Config
 from tritune.schedules.gated import TILING
 from tritune.schedules.space import Limits
-from tritune.tuner import session
 from tritune.tuner.cli import main
 from tritune.tuner.measure import rel_error
-from tritune.tuner.runner import Runner
 
 H100 = Limits(232448, 132)
 SMALL = Config.of(BLOCK_M=32, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=2, UNROLL=2)
@@ -112,12 +108,7 @@ def test_the_command_line_refuses_a_bad_wide_shape_in_one_line(capsys, tmp_path)
 
 def test_tune_cli_runs_wide_end_to_end(monkeypatch, tmp_path):
     """The tuner's wiring with a fake GPU worker: the sa search proposes from this space and features."""
-    monkeypatch.setattr(session, "Runner", partial(Runner, handlers=fake_worker.session_handlers))
-
-    class Builds(FakeBuilder):
-        fails = staticmethod(lambda config: False)  # FakeBuilder fails matmul configs by BLOCK_K
-
-    monkeypatch.setattr(session, "Builder", lambda *args, **kwargs: Builds())
+    fake_gpu_session(monkeypatch)
     summary = tmp_path / "s.json"
     main(["run", "--op", "wide", "--shape", "2048,2048,512,512,2048", "--trials", "20", "--batch-size", "8",
           "--db", str(tmp_path / "t.db"), "--summary-json", str(summary)])

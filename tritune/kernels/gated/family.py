@@ -9,10 +9,9 @@ from tritune.kernels.expr import DTYPE_BYTES, TOLERANCE, ExprError, check_dtype,
 from tritune.kernels.family import Family, Operands
 from tritune.kernels.gated import launch
 from tritune.kernels.gated.expr import ACTIVATIONS, AWKWARD, Gated
+from tritune.kernels.weights import Concatenated, as_kn, weight_options
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits, Space
-
-LAYOUTS = {"nt": True, "nn": False}  # weights [N, K] as nn.Linear keeps them, or [K, N]
 
 
 class GatedFamily(Family):
@@ -42,13 +41,8 @@ class GatedFamily(Family):
         activation = options.get("activation", "silu")
         if activation not in ACTIVATIONS:
             raise ExprError(f"bad --activation {activation!r}: one of {', '.join(ACTIVATIONS)}")
-        layout = options.get("layout", "nt")
-        if layout not in LAYOUTS:
-            raise ExprError(f"bad --layout {layout!r} for --op gated: nt (weights [N,K]) or nn ([K,N])")
-        epilogue = options.get("epilogue", "")
-        if epilogue not in ("", "bias"):
-            raise ExprError(f"bad --epilogue {epilogue!r} for --op gated: only 'bias' (one on each projection)")
-        return Gated(m, n, k, dtype, activation, trans_b=LAYOUTS[layout], bias=epilogue == "bias")
+        trans_b, bias = weight_options(options, self.op)
+        return Gated(m, n, k, dtype, activation, trans_b=trans_b, bias=bias)
 
     # ----- schedules and cost model
     def space(self, expr: Gated, limits: Limits) -> Space:
@@ -91,7 +85,7 @@ class GatedFamily(Family):
 
     def _compute(self, expr: Gated, x: Any, w1: Any, w2: Any, c: Any = None, b1: Any = None, b2: Any = None) -> Any:
         """act(x @ W1ᵀ + b1) * (x @ W2ᵀ + b2) as functional torch ops, in the operands' dtype."""
-        g, u = x @ _kn(expr, w1), x @ _kn(expr, w2)
+        g, u = x @ as_kn(expr.trans_b, w1), x @ as_kn(expr.trans_b, w2)
         if expr.bias:
             g, u = g + b1, u + b2
         return expr.act.reference(g) * u
@@ -106,15 +100,15 @@ class GatedFamily(Family):
         import torch
 
         super().library(expr, name)  # raises for a name the expression has none of
-        cat = _Concatenated(expr)
+        cat = Concatenated(expr.trans_b)
 
         def run(x: Any, w1: Any, w2: Any, c: Any, b1: Any = None, b2: Any = None) -> Any:
             if name == "mm_cat":
-                w, b = cat(w1, w2, b1, b2)
+                w, b = cat((w1, w2), (b1, b2))
                 y = torch.addmm(b, x, w) if expr.bias else torch.mm(x, w)
                 g, u = y[:, :expr.n], y[:, expr.n:]
             else:
-                g, u = ((torch.addmm(b, x, _kn(expr, w)) if expr.bias else torch.mm(x, _kn(expr, w)))
+                g, u = ((torch.addmm(b, x, as_kn(expr.trans_b, w)) if expr.bias else torch.mm(x, as_kn(expr.trans_b, w)))
                         for w, b in ((w1, b1), (w2, b2)))
             expr.act.inplace(g)
             return torch.mul(g, u, out=c)
@@ -122,30 +116,6 @@ class GatedFamily(Family):
 
     def tolerance(self, expr: Gated) -> float:
         return TOLERANCE["tf32" if expr.tf32 else expr.dtype]
-
-
-def _kn(expr: Gated, w: Any) -> Any:
-    """A weight as the [K, N] operand of x @ w."""
-    return w.t() if expr.trans_b else w
-
-
-class _Concatenated:
-    """[W1; W2] (and [b1; b2]) as one [K, 2N] operand, built on the first call and again only when
-    the weights change (a new tensor, or an in-place write: torch's version counter), as a user
-    concatenates once when loading the model."""
-
-    def __init__(self, expr: Gated) -> None:
-        self.expr, self.key, self.value = expr, None, None
-
-    def __call__(self, w1: Any, w2: Any, b1: Any, b2: Any) -> tuple[Any, Any]:
-        import torch
-
-        tensors = [t for t in (w1, w2, b1, b2) if t is not None]
-        key = tuple((t.data_ptr(), t._version) for t in tensors)
-        if key != self.key:
-            w = torch.cat((w1, w2), 0).t() if self.expr.trans_b else torch.cat((w1, w2), 1)
-            self.key, self.value = key, (w, torch.cat((b1, b2)) if self.expr.bias else None)
-        return self.value
 
 
 GATED = GatedFamily()

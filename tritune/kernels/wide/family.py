@@ -5,10 +5,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from tritune.kernels.expr import DTYPE_BYTES, TOLERANCE, ExprError, check_dtype, check_options, parse_dims, torch_dtype
+from tritune.kernels.expr import DTYPE_BYTES, TOLERANCE, check_dtype, check_options, parse_dims, torch_dtype
 from tritune.kernels.family import Family, Operands
-from tritune.kernels.gated.family import LAYOUTS
 from tritune.kernels.wide import launch
+from tritune.kernels.weights import Concatenated, as_kn, weight_options
 from tritune.kernels.wide.expr import AWKWARD, Wide
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits, Space
@@ -37,13 +37,8 @@ class WideFamily(Family):
         check_options(options, ("layout", "epilogue"), self.op)
         m, *ns, k = parse_dims(shape, (4, 5), "M,N1,N2[,N3],K (2 or 3 output widths)")
         check_dtype(dtype)
-        layout = options.get("layout", "nt")
-        if layout not in LAYOUTS:
-            raise ExprError(f"bad --layout {layout!r} for --op wide: nt (weights [N,K]) or nn ([K,N])")
-        epilogue = options.get("epilogue", "")
-        if epilogue not in ("", "bias"):
-            raise ExprError(f"bad --epilogue {epilogue!r} for --op wide: only 'bias' (one on each projection)")
-        return Wide(m, tuple(ns), k, dtype, trans_b=LAYOUTS[layout], bias=epilogue == "bias")
+        trans_b, bias = weight_options(options, self.op)
+        return Wide(m, tuple(ns), k, dtype, trans_b=trans_b, bias=bias)
 
     # ----- schedules and cost model
     def space(self, expr: Wide, limits: Limits) -> Space:
@@ -109,17 +104,12 @@ class WideFamily(Family):
                 w, b = cat(ws, bs)
                 return torch.addmm(b, x, w, out=whole) if expr.bias else torch.mm(x, w, out=whole)
             for w, c, b in zip(ws, cs, bs):
-                torch.addmm(b, x, kn(expr, w), out=c) if expr.bias else torch.mm(x, kn(expr, w), out=c)
+                torch.addmm(b, x, as_kn(expr.trans_b, w), out=c) if expr.bias else torch.mm(x, as_kn(expr.trans_b, w), out=c)
             return whole
         return run
 
     def tolerance(self, expr: Wide) -> float:
         return TOLERANCE["tf32" if expr.tf32 else expr.dtype]
-
-
-def kn(expr: Wide, w: Any) -> Any:
-    """A weight as the [K, N] operand of x @ w."""
-    return w.t() if expr.trans_b else w
 
 
 def products(expr: Wide, *args: Any, dtype: Any = None) -> list:
@@ -128,7 +118,7 @@ def products(expr: Wide, *args: Any, dtype: Any = None) -> list:
     x = x if dtype is None else x.to(dtype)
     outs = []
     for w, b in zip(ws, bs):
-        y = x @ kn(expr, w if dtype is None else w.to(dtype))
+        y = x @ as_kn(expr.trans_b, w if dtype is None else w.to(dtype))
         outs.append(y if b is None else y + (b if dtype is None else b.to(dtype)))
     return outs
 
@@ -142,25 +132,6 @@ def _whole(cs: Sequence[Any]) -> Any:
     if base is not None and all(c._base is base for c in cs) and base.shape[1] == sum(c.shape[1] for c in cs):
         return base
     return torch.cat(list(cs), dim=1)
-
-
-class Concatenated:
-    """[W_1; W_2; ...] as one [K, sum N_i] operand (and [b_1; b_2; ...]), built on the first call
-    and again only when a weight changes (a new tensor, or an in-place write: torch's version
-    counter), as a user concatenates once when loading the model."""
-
-    def __init__(self, trans_b: bool) -> None:
-        self.trans_b, self.key, self.value = trans_b, None, None
-
-    def __call__(self, ws: Sequence[Any], bs: Sequence[Any]) -> tuple[Any, Any]:
-        import torch
-
-        tensors = [t for t in (*ws, *bs) if t is not None]
-        key = tuple((t.data_ptr(), t._version) for t in tensors)
-        if key != self.key:
-            w = torch.cat(list(ws), 0).t() if self.trans_b else torch.cat(list(ws), 1)
-            self.key, self.value = key, (w, None if bs[0] is None else torch.cat(list(bs)))
-        return self.value
 
 
 WIDE = WideFamily()
