@@ -198,6 +198,20 @@ rewrite(aten, [(s, tuned_op.spec_of(s.expr, config.replace(SPLIT_K=1, FUSE=1) if
                for s in sites])
 with mode:
     print(make_fx(dispatch_functionalize(aten))(*args).code)
+
+
+def qkv(x, wq, wk, wv, bq, bk, bv):  # attention's projections of one input, with biases
+    return F.linear(x, wq, bq), F.linear(x, wk, bk), F.linear(x, wv, bv)
+
+
+from tritune.kernels.wide.launch import DEFAULT
+with FakeTensorMode() as mode:
+    shapes = ((40, 96), (96, 96), (32, 96), (32, 96), (96,), (32,), (32,))
+    args = [torch.empty(s, dtype=torch.float16, device="cuda") for s in shapes]
+aten = graph.aten_graph(qkv, args, mode)
+rewrite(aten, [(s, tuned_op.spec_of(s.expr, DEFAULT)) for s in graph.find(aten)])
+with mode:
+    print(make_fx(dispatch_functionalize(aten))(*args).code)
 """
 
 
@@ -205,7 +219,8 @@ def test_compiled_graphs_launch_the_tuned_kernel_itself(tmp_path):
     """What AOT autograd hands Inductor (functionalised ATen) holds the tuned Triton kernel's launch,
     with the config's parameters and the operands' strides, and the split-K scratch as buffers; on
     a layout that was not tuned, torch ops; in a rewritten model, the gated kernel and the extra
-    epilogue inputs. Real JIT functions (no interpreter), fake CUDA tensors."""
+    epilogue inputs; q/k/v projections as one wide launch. Real JIT functions (no interpreter), fake
+    CUDA tensors."""
     import os
     import subprocess
     import sys
@@ -214,7 +229,7 @@ def test_compiled_graphs_launch_the_tuned_kernel_itself(tmp_path):
     env["TRITUNE_CACHE_DIR"] = str(tmp_path)
     proc = subprocess.run([sys.executable, "-c", ROUTE], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    tuned, untuned, unsplit, model = proc.stdout.split("def forward")[1:]
+    tuned, untuned, unsplit, model, qkv = proc.stdout.split("def forward")[1:]
     assert "triton_kernel_wrapper_functional" in tuned and "'SPLIT_K': 2" in tuned and "'BLOCK_M': 64" in tuned
     assert "'stride_bk': 1, 'stride_bn': 64" in tuned and "new_zeros" in tuned  # B transposed; split-K counters
     assert "triton_kernel_wrapper" not in untuned and "aten.mm" in untuned
@@ -227,6 +242,9 @@ def test_compiled_graphs_launch_the_tuned_kernel_itself(tmp_path):
     assert "'FUSE': 1" in gated and "'M': 80, 'N': 160, 'K': 96" in gated and "'stride_wk': 1, 'stride_wn': 96" in gated
     assert "'E0': " in down and "'stride_e0b': 0, 'stride_e0m': 96, 'stride_e0n': 1, 'stride_e1m': 1" in down
     assert "aten.mm" not in model and "silu" not in model and "aten.mul" not in model
+    # q/k/v: one launch of the wide kernel (a triton_op returning a list) writing three outputs
+    assert qkv.count("triton_kernel_wrapper_functional(") == 1 and "addmm" not in qkv
+    assert "'C0': new_empty, 'C1': new_empty_1, 'C2': new_empty_2" in qkv and "'END0': 2, 'END1': 3, 'END2': 4" in qkv
 
 
 def test_a_site_where_the_library_won_is_left_to_the_fallback(tmp_path, tuned_calls):
