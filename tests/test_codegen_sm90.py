@@ -12,6 +12,7 @@ from tritune.kernels.contraction.family import MATMUL
 from tritune.kernels.faults import FAULTS
 from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.epilogue import BiasAdd, Gelu, Relu, Scale
+from tritune.kernels.gated.expr import Gated
 from tritune.kernels.wide.expr import Wide
 from tritune.schedules.config import Config
 from tritune.schedules.contraction import shared_estimate
@@ -25,10 +26,12 @@ CASES = [
 FAULTY = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=1, num_warps=4, num_stages=2, UNROLL=1)
 
 
-def build_sm90(cases, ptx=False):
-    """Compile (expr, config) pairs in a subprocess: the interpreter is off there, as on a GPU host."""
+def build_sm90(cases, ptx=False, replay=False):
+    """Compile (expr, config) pairs in a subprocess: the interpreter is off there, as on a GPU host;
+    `replay`: the call sites' specialised kernels, as a compiled model launches them."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    lines = "".join(json.dumps({"expr": e.to_dict(), "config": dict(c), "ptx": ptx}) + "\n" for e, c in cases)
+    lines = "".join(json.dumps({"expr": e.to_dict(), "config": dict(c), "ptx": ptx, "replay": replay}) + "\n"
+                    for e, c in cases)
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("sm90_build.py"))], input=lines,
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -54,6 +57,23 @@ def test_sm90_builds_use_wgmma_and_the_shared_estimate_is_exact():
         over = shared_estimate(config, 4 if expr.dtype == "fp32" else 2) - got["shared"]
         # layout-conversion scratch (unrolled loops, flattened persistent loops) is an upper bound
         assert over == 0 if config["UNROLL"] == 1 and config.get("PERSISTENT", 0) != 2 else 0 <= over <= 8192
+
+
+def test_sm90_replayed_kernels_take_none_for_pointers_they_never_touch():
+    """What a compiled model launches: sizes and strides as constexprs, and None (specialised away,
+    nothing passed per launch) for a missing bias and, without split-K, for its scratch."""
+    tile = Config.of(CASES[0][1], BLOCK_N=128)
+    cases = [(Matmul(2048, 2048, 2048, trans_b=True), tile),
+             (Matmul(2048, 2048, 2048, trans_b=True), tile.replace(TMA=1)),
+             (Matmul(64, 4096, 4096, trans_b=True, epilogue=(BiasAdd(),)), Config.of(CASES[1][1], SPLIT_K=4, UNROLL=1)),
+             (Gated(2048, 8192, 2048, "bf16", "silu"), Config.of(CASES[1][1], UNROLL=1, FUSE=1)),
+             (Wide(2048, (2048, 512, 512), 2048), tile)]
+    results = build_sm90(cases, replay=True)
+    assert [r["nones"] for r in results] == [["BIAS", "WS", "LOCKS"], ["BIAS", "WS", "LOCKS"], [], ["B1", "B2"],
+                                             ["B0", "B1", "B2"]]
+    assert all(r["wgmma"] for r in results)
+    # pipelined as the tuned kernel was: the contraction's and the wide kernel's buffers as estimated
+    assert [results[i]["shared"] for i in (0, 2, 4)] == [shared_estimate(cases[i][1], 2) for i in (0, 2, 4)]
 
 
 @pytest.mark.parametrize("rows,warps", [(16, 4), (32, 8), (128, 2)])
