@@ -121,8 +121,31 @@ def test_a_call_site_runs_its_kernel_only_on_the_layout_it_was_tuned_for(monkeyp
         for _ in range(2):
             assert torch.allclose(tuned_op.OP(transposed, b, None, [], spec), a @ b, atol=1e-5) and launched == [1]
     assert [r.getMessage() for r in caplog.records] == [
-        "tritune: matmul 33x47x29 fp32 NN was tuned for other operand layouts or dtypes than this call's: it runs as "
+        "tritune: matmul 33x47x29 fp32 NN was tuned for other operand layouts, dtypes or alignment than this call's: it runs as "
         "torch ops"]
+
+
+def test_operands_that_start_unaligned_run_as_torch_ops(monkeypatch):
+    """A view starting 2 elements into its storage (8 bytes in fp32) is no operand the kernels were
+    tuned and compiled for: each kind of site computes it with torch ops, and launches nothing."""
+    from tritune.kernels.gated.expr import Gated
+    from tritune.kernels.wide.expr import Wide
+
+    launched = []
+    original = tuned_op.wrap_triton
+    monkeypatch.setattr(tuned_op, "wrap_triton", lambda fn: launched.append(1) or original(fn))
+    x, w1, w2 = torch.randn(33, 29), torch.randn(47, 29), torch.randn(47, 29)
+    shifted = torch.randn(33 * 29 + 2)[2:].view(33, 29)
+    shifted.copy_(x)
+    gated = tuned_op.spec_of(Gated(33, 47, 29, "fp32", "silu"), FAST.replace(FUSE=0))
+    wide = tuned_op.spec_of(Wide(33, (47, 47), 29, "fp32"), FAST)
+    matmul = tuned_op.spec_of(contraction_expr(x, w1.t(), ()), FAST)
+    refs = [x @ w1.t(), torch.nn.functional.silu(x @ w1.t()) * (x @ w2.t()), [x @ w1.t(), x @ w2.t()]]
+    for operands in ((x, w1.t(), w2.t()), (shifted, w1.t(), w2.t())):
+        outs = [tuned_op.OP(operands[0], operands[1], None, [], matmul), tuned_op.GATED_OP(*operands, None, None, gated),
+                tuned_op.WIDE_OP(operands[0], list(operands[1:]), [], wide)]
+        assert all(torch.allclose(o, r, atol=1e-4) for o, r in zip([outs[0], outs[1], *outs[2]], [*refs[:2], *refs[2]]))
+    assert launched == [1, 1, 1]  # the aligned operands only
 
 
 def test_bad_database_is_reported_when_the_backend_is_made(tmp_path):

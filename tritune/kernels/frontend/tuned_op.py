@@ -55,8 +55,16 @@ def _misfit(site: Any) -> None:
     """Log once per site (at trace time, not per call) that it runs as torch ops."""
     if site not in _misfits:
         _misfits.add(site)
-        log.warning("tritune: %s was tuned for other operand layouts or dtypes than this call's: it runs as "
-                    "torch ops", site.expr.describe())
+        log.warning("tritune: %s was tuned for other operand layouts, dtypes or alignment than this call's: it "
+                    "runs as torch ops", site.expr.describe())
+
+
+def aligned(*tensors: Any) -> bool:
+    """Whether every tensor (None aside) starts 16 bytes into its storage's (16-byte aligned)
+    allocation: what the kernel was tuned and compiled for. A view that starts elsewhere makes
+    Inductor compile the kernel without alignment hints, which Triton's sm_90 pipeline rejects for
+    some configs (a fatal LLVM error), and would run slower anyway."""
+    return all(t is None or t.storage_offset() * t.element_size() % 16 == 0 for t in tensors)
 
 
 def _consts(module: Any, expr: Any, config: Config) -> dict[str, Any]:
@@ -78,10 +86,10 @@ class Site:
 
     def fits(self, a: Any, b: Any, out: Any, bias: Any, inputs: list) -> bool:
         """Whether the operands have the layout the kernel was tuned for (and, for tensor-descriptor
-        loads, the strides those need; base pointers are assumed 16-byte aligned, as Inductor's are)
-        and the extra inputs the epilogue's kinds and dtypes."""
+        loads, the strides those need), start aligned (`aligned`), and the extra inputs the
+        epilogue's kinds and dtypes."""
         expr, tma = self.expr, self.config.get("TMA", 0)
-        if layout_of(a) is not expr.trans_a or layout_of(b) is not expr.trans_b:
+        if layout_of(a) is not expr.trans_a or layout_of(b) is not expr.trans_b or not aligned(a, b, bias, *inputs):
             return False
         if input_problem(expr, inputs, out.shape):
             return False
@@ -146,11 +154,11 @@ class GatedSite(_OneKernel):
 
     def fits(self, x: Any, w1: Any, w2: Any, b1: Any, b2: Any) -> bool:
         """Whether x is row-major in the tuned dtype and the weights (as stored: [N, K] or [K, N])
-        row-major and alike, as the biases are."""
+        row-major and alike, as the biases are, all aligned."""
         expr = self.expr
         biases = not expr.bias or (b1.dim() == b2.dim() == 1 and b1.stride() == b2.stride())
         return (layout_of(x) is False and DTYPE_NAMES.get(str(x.dtype)) == expr.dtype and w1.stride()[-1] == 1
-                and w1.stride() == w2.stride() and biases)
+                and w1.stride() == w2.stride() and biases and aligned(x, w1, w2, b1, b2))
 
 
 class WideSite(_OneKernel):
@@ -176,11 +184,11 @@ class WideSite(_OneKernel):
 
     def fits(self, x: Any, ws: list, bs: list) -> bool:
         """Whether x is row-major in the tuned dtype, and there are as many weights (as stored:
-        [N_i, K] or [K, N_i], rows contiguous) and biases (vectors) as tuned."""
+        [N_i, K] or [K, N_i], rows contiguous) and biases (vectors) as tuned, all aligned."""
         expr = self.expr
         biases = not expr.bias or all(b is not None and b.dim() == 1 for b in bs)
         return (layout_of(x) is False and DTYPE_NAMES.get(str(x.dtype)) == expr.dtype and len(ws) == len(expr.ns)
-                and len(bs) == len(ws) and all(w.stride()[-1] == 1 for w in ws) and biases)
+                and len(bs) == len(ws) and all(w.stride()[-1] == 1 for w in ws) and biases and aligned(x, *ws, *bs))
 
 
 @lru_cache(maxsize=None)
