@@ -1,7 +1,7 @@
 """Issue 15's targets on a GPU: fused blocks alone, tritune's tuned fusion against Inductor's
 default and max-autotune, timed in turns; then the zoo decoders through scripts/model_bench.py.
 
-    python3 scripts/fusion_bench.py --out DIR [--blocks gated,gelu,residual] [--phases tune,latency,models]
+    python3 scripts/fusion_bench.py --out DIR [--blocks gated,gelu,residual,qkv] [--phases tune,latency,models]
             [--trials 192] [--rounds 15] [--dtype fp16] [--models llama,gpt2] [--device cuda|cpu]
 
 Blocks (also factories for `tune-cli tune-model --model scripts/fusion_bench.py:gated_block ...`):
@@ -9,7 +9,9 @@ Blocks (also factories for `tune-cli tune-model --model scripts/fusion_bench.py:
   Inductor default, >= 1.10x max-autotune);
 - gelu: GPT-2's MLP up-projection, gelu_new(x @ W + b) with its GELU written as pointwise ops,
   x [2048, 1024], W [1024, 4096] as Conv1D stores it;
-- residual: x + h @ Wᵀ, a down projection and the residual add after it, h [2048, 4096] -> 1024.
+- residual: x + h @ Wᵀ, a down projection and the residual add after it, h [2048, 4096] -> 1024;
+- qkv: Llama's q, k and v projections of x [2048, 2048] (q 2048 wide, k and v 512): one wide
+  kernel against three cuBLAS calls.
 
 Phases, each merging its results into DIR/fusion_bench.json:
 - tune: `python -m tritune tune-model` per block into --db [DIR/tuning.db] (--trials each; a rerun
@@ -38,11 +40,12 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BLOCKS = ("gated", "gelu", "residual")
+BLOCKS = ("gated", "gelu", "residual", "qkv")
 PHASES = ("tune", "latency", "models")
 VARIANTS = ("eager", "default", "max-autotune", "tritune", "kernel")
-SIZES = {"cuda": {"tokens": 2048, "gated": (2048, 8192), "gelu": (1024, 4096), "residual": (4096, 1024)},
-         "cpu": {"tokens": 33, "gated": (40, 72), "gelu": (24, 56), "residual": (56, 24)}}
+SIZES = {"cuda": {"tokens": 2048, "gated": (2048, 8192), "gelu": (1024, 4096), "residual": (4096, 1024),
+                  "qkv": (2048, 512)},
+         "cpu": {"tokens": 33, "gated": (40, 72), "gelu": (24, 56), "residual": (56, 24), "qkv": (40, 16)}}
 # (what, ours, theirs, at least this speed-up): issue 15's targets
 TARGETS = (("gated", "tritune", "default", 1.15), ("gated", "tritune", "max-autotune", 1.10),
            ("llama/prefill", "tritune", "default", 1.05), ("llama/prefill", "tritune", "max-autotune", 1.03),
@@ -86,7 +89,18 @@ def blocks():
         def forward(self, x, h):
             return x + self.down(h)
 
-    return {"gated": GatedBlock, "gelu": GeluBlock, "residual": ResidualBlock}
+    class QkvBlock(nn.Module):
+        """x @ Wqᵀ, x @ Wkᵀ, x @ Wvᵀ: Llama's attention projections (grouped-query: k and v narrower)."""
+
+        def __init__(self, hidden: int, kv: int) -> None:
+            super().__init__()
+            self.q = nn.Linear(hidden, hidden, bias=False)
+            self.k, self.v = nn.Linear(hidden, kv, bias=False), nn.Linear(hidden, kv, bias=False)
+
+        def forward(self, x):
+            return self.q(x), self.k(x), self.v(x)
+
+    return {"gated": GatedBlock, "gelu": GeluBlock, "residual": ResidualBlock, "qkv": QkvBlock}
 
 
 def input_shapes(block: str, device: str) -> list[tuple[int, ...]]:
@@ -104,6 +118,11 @@ def gated_block():
 def gelu_block():
     """`--model scripts/fusion_bench.py:gelu_block --input-shape 2048,1024`."""
     return blocks()["gelu"](*SIZES["cuda"]["gelu"])
+
+
+def qkv_block():
+    """`--model scripts/fusion_bench.py:qkv_block --input-shape 2048,2048`."""
+    return blocks()["qkv"](*SIZES["cuda"]["qkv"])
 
 
 def residual_block():
@@ -184,7 +203,7 @@ def build(args: argparse.Namespace, block: str) -> tuple:
 def time_block(args: argparse.Namespace, block: str, out: Path) -> dict:
     """Every variant of one block: rel error against eager, the backend's sites, ms, per-round times."""
     import torch
-    from bench_children import first_line, rel_err
+    from bench_children import first_line, rel_err, seed_defaults
 
     from tritune.tuner.model_check import in_turns
 
@@ -225,20 +244,6 @@ def compiled(model, variant: str, db: str, kernels: str) -> tuple:
         return torch.compile(model, mode=None if variant == "default" else "max-autotune-no-cudagraphs"), None
     backend = tritune.compiler(db if variant == "tritune" else kernels)
     return torch.compile(model, backend=backend, fullgraph=True), backend
-
-
-def seed_defaults(tasks: list, db: str) -> None:
-    """Each workload stored with its family's default config (the CPU check has no tuning run)."""
-    from tritune.kernels.device import device_info
-    from tritune.kernels.family import device_key, family
-    from tritune.records.database import Database
-    from tritune.records.result import MeasureResult, Status
-
-    with Database(db) as d:
-        for t in tasks:
-            d.add_workload(t.expr.key, t.expr.op, t.expr.dtype, t.expr.to_json())
-            config = family(t.expr.op).default_config(t.expr)
-            d.save(t.expr.key, device_key(device_info(), t.expr.op), [MeasureResult(config, Status.OK, *[1.0] * 4)])
 
 
 def kernel_db(db: str, path: Path) -> str:

@@ -34,7 +34,7 @@ from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.device import device_info
 from tritune.kernels.epilogue import Binary, BiasAdd, Clamp, Gelu, Input, Relu, Scale, Unary
 from tritune.kernels.gated.expr import ACTIVATIONS, Gated
-from tritune.kernels.family import REGISTRY, device_key, family
+from tritune.kernels.family import REGISTRY, family
 from tritune.records.result import Status
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits
@@ -173,11 +173,10 @@ def frontend_rows(names: tuple[str, ...] = ("llama", "gpt2")) -> list[dict]:
 
     import tritune
     import zoo
+    from bench_children import seed_defaults
     from tritune.kernels.frontend.ops import DTYPE_NAMES
-    from tritune.records.database import Database
-    from tritune.records.result import MeasureResult
 
-    info, rows = device_info(), []
+    rows = []
     for name, (dtype, mode) in itertools.product(names, ((torch.float16, None), (torch.bfloat16, "reduce-overhead"))):
         torch.manual_seed(0)
         model = getattr(zoo, name)(hidden=256, layers=1).eval().cuda()
@@ -186,14 +185,8 @@ def frontend_rows(names: tuple[str, ...] = ("llama", "gpt2")) -> list[dict]:
             ref = model.double()(x.double())
             model, x = model.to(dtype), x.to(dtype)
             eager_err = rel_error(model(x), ref)
-        tasks = tritune.extract_tasks(model, (x,))
         path = tempfile.mkdtemp() + "/t.db"
-        db = Database(path)
-        for t in tasks:
-            config = family(t.expr.op).default_config(t.expr)
-            db.add_workload(t.expr.key, t.expr.op, t.expr.dtype, t.expr.to_json())
-            db.save(t.expr.key, device_key(info, t.expr.op), [MeasureResult(config, Status.OK, *[1.0] * 4)])
-        db.close()
+        seed_defaults(tritune.extract_tasks(model, (x,)), path)
         torch._dynamo.reset()
         backend = tritune.compiler(path, mode=mode)
         try:

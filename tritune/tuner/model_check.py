@@ -126,7 +126,7 @@ def _measure(model: Any, inputs: tuple, db_path: str, mode: str, rounds: int) ->
         return result  # no tuned site: the graphs reach Inductor untouched, nothing to decide
     fns["inductor"] = _caller(torch.compile(model, mode=compile_mode), inputs, mode)
     outs["inductor"] = _warm(fns["inductor"])
-    error = _rel_error(outs["tritune"], outs["inductor"])
+    error = outputs_rel_error(outs["tritune"], outs["inductor"])
     times = in_turns({**fns, "eager": lambda: model(*inputs)}, rounds)
     ratio = paired_ratio(times["tritune"], times["inductor"])
     faster = ratio <= 1 - MARGIN and error <= MAX_REL_ERROR
@@ -199,7 +199,7 @@ def paired_ratio(ours: Sequence[float], theirs: Sequence[float]) -> float:
     return statistics.median(o / t for o, t in zip(ours, theirs))
 
 
-def _rel_error(out: Any, ref: Any) -> float:
+def outputs_rel_error(out: Any, ref: Any) -> float:
     """The runner's relative error (`measure.rel_error`: infinite where `out` is not finite) over
     every tensor of two outputs (a tensor, tuple or model output), taken as one vector."""
     import torch
