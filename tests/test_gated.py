@@ -37,6 +37,32 @@ def test_dual_gemm_matches_the_reference(expr, fuse):
     assert err <= tol
 
 
+@pytest.mark.parametrize("fuse", [0, 1])
+@pytest.mark.parametrize("expr", [
+    Gated(37, 29, 56), Gated(19, 40, 72, activation="gelu", trans_b=False, bias=True),
+    Gated(33, 24, 48, dtype="fp32", activation="gelu_tanh", bias=True),
+], ids=lambda e: e.describe().replace(" ", "-"))
+def test_tensor_descriptor_loads_match_the_reference(expr, fuse):
+    """TMA=1: whole tiles through descriptors, zero-filled past M, N and K (no tile divides them)."""
+    if fuse and expr.dtype == "fp32":
+        pytest.skip("FUSE joins 16-bit tiles only (the space's rule)")
+    err, tol = run_case(expr, SMALL.replace(FUSE=fuse, TMA=1, UNROLL=1))
+    assert err <= tol
+
+
+def test_tensor_descriptors_only_where_rows_are_16_byte_aligned():
+    """fp16 rows of K = 56 are 112 bytes (aligned), of K = 53 not; [K, N] weights need N aligned too."""
+    assert {c["TMA"] for c in GATED.space(Gated(2048, 8192, 2048), H100).sample(np.random.default_rng(0), 300)} == {0, 1}
+    for unaligned in (Gated(64, 64, 53), Gated(64, 60, 64, trans_b=False), Gated(64, 64, 50, dtype="fp32")):
+        space = GATED.space(unaligned, H100)
+        valid = space.sample(np.random.default_rng(0), 100)
+        assert not any(c["TMA"] for c in valid) and "16-byte" in space.why_invalid(valid[0].replace(TMA=1))
+    x = torch.randn(20, 56)[:, :53]  # padded rows: 112 bytes apart, but 53 wide
+    expr = Gated(20, 24, 53)
+    with pytest.raises(ValueError, match="config uses TMA but"):
+        GATED.kernel(expr, SMALL.replace(TMA=1), launch.problem_of(expr, x.half(), *GATED.inputs(expr, 0, "cpu").args[1:4]))
+
+
 def test_a_wrong_activation_is_caught():
     expr = Gated(20, 24, 20, dtype="fp32", activation="silu")
     err, tol = run_case(expr, SMALL, kernel_expr=Gated(20, 24, 20, dtype="fp32", activation="gelu"))
@@ -111,9 +137,36 @@ def test_the_new_kernels_build_for_sm90_with_warp_group_mmas():
     gated = [(Gated(4096, 4096, 4096, activation="gelu", bias=True), Config.of(tile, FUSE=0)),
              (Gated(4096, 4096, 4096, dtype="bf16", activation="gelu_tanh"), Config.of(tile, FUSE=1)),
              (Gated(4096, 4096, 4096, trans_b=False), Config.of(tile, BLOCK_M=32, num_warps=4, FUSE=1))]
+    # tensor-descriptor loads: both weight layouts, both ways of feeding the MMA, one 8-byte
+    # arrival barrier per stage on top of the tiles
+    gated += [(Gated(2048, 8192, 2048), Config.of(tile, FUSE=0, TMA=1)),
+              (Gated(2048, 8192, 2048, dtype="bf16", trans_b=False), Config.of(tile, BLOCK_N=64, FUSE=1, TMA=1))]
     matmul = [(Matmul(4096, 4096, 4096, epilogue=epilogue), Config.of(tile, **knobs))
               for knobs in (dict(TMA=2, PERSISTENT=1), dict(TMA=1, num_warps=4, WARP_SPEC=1), dict(SPLIT_K=4))]
     results = build_sm90(gated + matmul)
-    assert [r["wgmma"] for r in results] == [True, True, False, True, True, True]
+    assert [r["wgmma"] for r in results] == [True, True, False, True, True, True, True, True]
     assert [r["shared"] for r in results[:3]] == [shared_estimate(c, 2, 2) + (32768 if c["BLOCK_M"] == 32 else 0)
-                                                  for _, c in gated]
+                                                  for _, c in gated[:3]]
+    assert all(0 <= shared_estimate(c, 2, 2) - r["shared"] <= 32 for (_, c), r in zip(gated[3:], results[3:5]))
+    # what a compiled model launches (specialised, None for the missing biases) builds the same
+    replay = build_sm90(gated[3:], replay=True)
+    assert [r["shared"] for r in replay] == [r["shared"] for r in results[3:5]] and all(r["wgmma"] for r in replay)
+
+
+def test_the_replayed_op_loads_through_descriptors_where_the_operands_allow(monkeypatch):
+    """torch.ops.tritune.gated with TMA=1: the kernel where rows are 16-byte aligned, torch ops
+    (the same values) where x's rows are not."""
+    from tritune.kernels.frontend import tuned_op
+
+    launched = []
+    original = tuned_op.wrap_triton
+    monkeypatch.setattr(tuned_op, "wrap_triton", lambda fn: launched.append(1) or original(fn))
+    expr = Gated(37, 24, 56, dtype="fp32", allow_tf32=False)
+    spec = tuned_op.spec_of(expr, SMALL.replace(TMA=1, UNROLL=1))
+    x, w1, w2 = torch.randn(37, 56), torch.randn(24, 56), torch.randn(24, 56)
+    padded = torch.randn(37, 61)[:, :56]  # rows 244 bytes apart: no descriptor can read them
+    padded.copy_(x)
+    want = torch.nn.functional.silu(x.double() @ w1.double().t()) * (x.double() @ w2.double().t())
+    for operand in (x, padded):
+        assert rel_error(tuned_op.GATED_OP(operand, w1.t(), w2.t(), None, None, spec), want) <= 1e-5
+    assert launched == [1]

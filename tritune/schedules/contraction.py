@@ -93,7 +93,10 @@ def shared_estimate(config: Config, element_bytes: int, b_tiles: int = 1) -> int
     tma, persistent, unroll = config.get("TMA", 0), config.get("PERSISTENT", 0), config["UNROLL"]
     warp_group_mma = wgmma(config)
     steps = (config["num_stages"] - (not warp_group_mma)) * unroll
-    pipeline = steps * ((bm + b_tiles * bn) * config["BLOCK_K"] * element_bytes + 8 * bool(tma))
+    # TMA: one 8-byte arrival barrier per stage; the gated kernel's builds (two weight tiles) took
+    # 6-7 over 3 stages, counted as 3 per stage (an upper bound)
+    barriers = 8 * bool(tma) * (2 * b_tiles - 1)
+    pipeline = steps * ((bm + b_tiles * bn) * config["BLOCK_K"] * element_bytes + barriers)
     out = bm * bn * element_bytes
     if config.get("WARP_SPEC", 0):
         return pipeline + (out if tma == 2 else max(16384, 64 * bn * element_bytes) + 512)

@@ -7,21 +7,23 @@ from tritune.schedules.config import Config
 from tritune.schedules.contraction import contraction_space, shared_estimate, wgmma
 from tritune.schedules.space import Knob, Limits, Space, reads
 
-# Knobs of the contraction space the gated template reads (no split-K, TMA, persistent loop or
-# warp specialisation: one program per output tile, plain loads)
+# Knobs of the contraction space the gated template reads (no split-K, persistent loop or warp
+# specialisation: one program per output tile)
 TILING = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "UNROLL")
+TMA = Knob("TMA", (0, 1))  # tensor-descriptor loads of x and both weights (no TMA store here)
 # 0: two MMAs per step, one per weight tile, into two accumulators; 1: the two tiles joined into
 # one [BLOCK_K, 2*BLOCK_N] tile and one MMA twice as wide
 FUSE = Knob("FUSE", (0, 1))
 MAX_MMA_N = 256  # the widest warp-group MMA (wgmma N); a wider fused tile is split again anyway
 
 
-def gated_space(m: int, n: int, k: int, element_bytes: int, limits: Limits) -> Space:
-    """The space of an M x N x K dual GEMM (two N-wide products of one [M, K] input)."""
-    base = contraction_space(m, n, k, element_bytes, limits, b_tiles=2)
+def gated_space(m: int, n: int, k: int, element_bytes: int, limits: Limits, tma: bool = False) -> Space:
+    """The space of an M x N x K dual GEMM (two N-wide products of one [M, K] input); `tma`:
+    whether the operands' layout allows tensor-descriptor loads."""
+    base = contraction_space(m, n, k, element_bytes, limits, tma=int(tma), b_tiles=2)
     base = base.without([knob.name for knob in base.knobs if knob.name not in TILING])
 
-    @reads(*TILING, "FUSE")
+    @reads(*TILING, "FUSE", "TMA")
     def fused(c: Config) -> str | None:
         if not c["FUSE"]:
             return None
@@ -33,4 +35,4 @@ def gated_space(m: int, n: int, k: int, element_bytes: int, limits: Limits) -> S
         joined = 0 if wgmma(c) else 2 * c["BLOCK_N"] * c["BLOCK_K"] * element_bytes
         need = shared_estimate(c, element_bytes, 2) + joined
         return f"shared memory {need} > {limits.shared_bytes}" if need > limits.shared_bytes else None
-    return Space((*base.knobs, FUSE), (*base.constraints, fused))
+    return Space((*base.knobs, FUSE, TMA), (*base.constraints, fused))

@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Optional
 import torch
 from torch.library import triton_op, wrap_triton
 
+from tritune.kernels.codegen import use_torch_scratch
 from tritune.kernels.contraction import launch
 from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.contraction.family import MATMUL
@@ -113,7 +114,7 @@ class Site:
         if self.config.get("SPLIT_K", 1) > 1:
             ws, locks = a.new_empty(self.ws, dtype=torch.float32), a.new_zeros(self.slots, dtype=torch.int32)
         if self.config.get("TMA", 0):
-            launch.use_torch_scratch()
+            use_torch_scratch()
         ints = dict(zip(self.int_names, launch.ints_of(expr, a, b, out, bias, *inputs)))
         wrap_triton(self.fn)[self.grid](a, b, out, bias if expr.has_bias else None, ws, locks, *inputs, **ints,
                                         **self.consts)
@@ -143,22 +144,28 @@ class GatedSite(_OneKernel):
         out = x.new_empty((expr.m, expr.n))
         # the kernel takes the weights as stored ([N, K] for nn.Linear's), the graph their [K, N] views
         w1, w2 = (w1.t(), w2.t()) if expr.trans_b else (w1, w2)
-        if not self.fits(x, w1, w2, b1, b2):
+        if not self.fits(x, w1, w2, out, b1, b2):
             _misfit(self)
             return GATED.expression(expr)(x, w1, w2, out, b1, b2)
         ints = dict(zip(gated_launch.INTS, gated_launch.ints_of(expr, x, w1, w2, out, b1, b2)))
+        if self.config.get("TMA", 0):
+            use_torch_scratch()
         bias = expr.bias
         wrap_triton(self.fn)[self.grid](x, w1, w2, out, b1 if bias else None, b2 if bias else None, **ints,
                                         **self.consts)
         return out
 
-    def fits(self, x: Any, w1: Any, w2: Any, b1: Any, b2: Any) -> bool:
+    def fits(self, x: Any, w1: Any, w2: Any, out: Any, b1: Any, b2: Any) -> bool:
         """Whether x is row-major in the tuned dtype and the weights (as stored: [N, K] or [K, N])
-        row-major and alike, as the biases are, all aligned."""
+        row-major and alike, as the biases are, all aligned (and, for tensor-descriptor loads, with
+        the row strides those need)."""
         expr = self.expr
         biases = not expr.bias or (b1.dim() == b2.dim() == 1 and b1.stride() == b2.stride())
-        return (layout_of(x) is False and DTYPE_NAMES.get(str(x.dtype)) == expr.dtype and w1.stride()[-1] == 1
-                and w1.stride() == w2.stride() and biases and aligned(x, w1, w2, b1, b2))
+        if not (layout_of(x) is False and DTYPE_NAMES.get(str(x.dtype)) == expr.dtype and w1.stride()[-1] == 1
+                and w1.stride() == w2.stride() and biases and aligned(x, w1, w2, b1, b2)):
+            return False
+        problem = gated_launch.Problem(gated_launch.ints_of(expr, x, w1, w2, out, b1, b2), (True,) * 6)
+        return not self.config.get("TMA", 0) or gated_launch.tma_unfit(expr, problem) is None
 
 
 class WideSite(_OneKernel):

@@ -48,7 +48,8 @@ class GatedFamily(Family):
     def space(self, expr: Gated, limits: Limits) -> Space:
         from tritune.schedules.gated import gated_space
 
-        return gated_space(expr.m, expr.n, expr.k, DTYPE_BYTES[expr.dtype], limits)
+        tma = launch.tma_unfit(expr, launch.canonical_problem(expr)) is None
+        return gated_space(expr.m, expr.n, expr.k, DTYPE_BYTES[expr.dtype], limits, tma=tma)
 
     def features(self, expr: Gated, limits: Limits, configs: Sequence[Config]) -> np.ndarray:
         from tritune.kernels.gated.features import features

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from tritune.kernels.codegen import Binary, Launcher, divisibility
+from tritune.kernels.codegen import Binary, Launcher, divisibility, use_torch_scratch
+from tritune.kernels.device import interpreted
+from tritune.kernels.expr import DTYPE_BYTES
 from tritune.kernels.gated import template
 from tritune.kernels.gated.expr import Gated
 from tritune.schedules.config import Config
@@ -47,10 +49,27 @@ def problem_of(expr: Gated, x: Any, w1: Any, w2: Any, c: Any, b1: Any = None, b2
     return Problem(ints_of(expr, x, w1, w2, c, b1, b2), tuple(t.data_ptr() % 16 == 0 for t in pointers))
 
 
+def tma_unfit(expr: Gated, problem: Problem) -> str | None:
+    """Why tensor descriptors cannot load these operands: None when they can. TMA needs the unit
+    stride last (x row-major; the weights as stored always are), 16-byte aligned bases and row
+    strides that are multiples of 16 bytes."""
+    ints = dict(zip(INTS, problem.ints))
+    size = DTYPE_BYTES[expr.dtype]
+    w_row = ints["stride_wn"] if expr.trans_b else ints["stride_wk"]
+    if ints["stride_xk"] != 1 or (ints["stride_wk"] if expr.trans_b else ints["stride_wn"]) != 1:
+        return "x or a weight is not contiguous along its rows"
+    if ints["stride_xm"] * size % 16 or w_row * size % 16:
+        return "x or a weight has a row stride that is not a multiple of 16 bytes"
+    if not all(problem.aligned[:3]):
+        return "an operand is not 16-byte aligned"
+    return None
+
+
 def constexprs(expr: Gated, config: Config) -> dict[str, Any]:
-    """Compile-time parameters of the template for one config."""
+    """Compile-time parameters of the template for one config (TMA, added later, defaults off)."""
     return {
         **{knob: config[knob] for knob in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "UNROLL", "FUSE")},
+        "TMA": config.get("TMA", 0),
         "EVEN_K": expr.k % config["BLOCK_K"] == 0,
         "DOT_PRECISION": "ieee" if expr.dtype == "fp32" and not expr.tf32 else "tf32",
     }
@@ -70,7 +89,12 @@ def grid(expr: Gated, config: Config) -> tuple[int, int, int]:
 
 
 def launcher(expr: Gated, config: Config, problem: Problem, target: Any = None) -> Callable[..., None]:
-    """The candidate bound to one problem: call it with (x, w1, w2, out[, b1, b2]) to launch once."""
+    """The candidate bound to one problem: call it with (x, w1, w2, out[, b1, b2]) to launch once;
+    ValueError for tensor-descriptor loads of operands they cannot read."""
+    if config.get("TMA", 0) and (why := tma_unfit(expr, problem)):
+        raise ValueError(f"config uses TMA but {why}")
+    if config.get("TMA", 0) and not interpreted():
+        use_torch_scratch()  # device-side descriptors take scratch from the allocator
     launch = Launcher(binary(expr, config, problem), grid(expr, config), target)
     bias = expr.bias
 

@@ -1,7 +1,8 @@
 """Triton source of the gated dual GEMM, generated from a Gated expression.
 
 Each program computes one [BLOCK_M, BLOCK_N] tile of both products from one walk over K: every
-step loads the x tile once and the W1 and W2 tiles beside it. FUSE=0 feeds two accumulators with
+step loads the x tile once and the W1 and W2 tiles beside it, with pointer loads or (TMA=1)
+tensor descriptors, which fetch whole tiles through the TMA unit (zero-filled past the edges). FUSE=0 feeds two accumulators with
 two MMAs; FUSE=1 joins the two weight tiles into one [BLOCK_K, 2*BLOCK_N] tile (columns
 interleaved: g0 u0 g1 u1 ...) and issues one MMA twice as wide, split again after the loop. The
 bias, the activation and the product run on the fp32 tiles before the one store.
@@ -26,6 +27,7 @@ def {name}(
 {int_params}
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSE: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     # {description}
     pid_m, pid_n = _tile_of(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
@@ -36,13 +38,20 @@ def {name}(
     # store is masked, so the duplicates are never written
     x_ptrs = X + (offs_m % M)[:, None] * stride_xm + offs_k[None, :] * stride_xk
     w_offs = offs_k[:, None] * stride_wk + (offs_n % N)[None, :] * stride_wn
+    if TMA:
+        # x row-major; the weights as stored ([N, K] tiles flipped after the load, or [K, N])
+        x_desc = tl.make_tensor_descriptor(X, shape=[M, K], strides=[stride_xm, 1], block_shape=[BLOCK_M, BLOCK_K])
+{w_descs}
     if FUSE:
         acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
     else:
         g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in tl.range(0, tl.cdiv(K, BLOCK_K), loop_unroll_factor=UNROLL):
-        if EVEN_K:
+        if TMA:
+            x = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+{w_loads}
+        elif EVEN_K:
             x = tl.load(x_ptrs)
             w1 = tl.load(W1 + w_offs)
             w2 = tl.load(W2 + w_offs)
@@ -71,13 +80,24 @@ _BIAS = ("    g += tl.load(B1 + offs_n * stride_b, mask=offs_n < N, other=0.0).t
          "    u += tl.load(B2 + offs_n * stride_b, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]\n")
 
 
+# Tensor descriptors over the weights as stored: [N, K] (nn.Linear's; tiles flipped after the load) or [K, N]
+_W_DESC = {True: "        w{i}_desc = tl.make_tensor_descriptor(W{i}, shape=[N, K], strides=[stride_wn, 1], "
+                 "block_shape=[BLOCK_N, BLOCK_K])",
+           False: "        w{i}_desc = tl.make_tensor_descriptor(W{i}, shape=[K, N], strides=[stride_wk, 1], "
+                  "block_shape=[BLOCK_K, BLOCK_N])"}
+_W_LOAD = {True: "            w{i} = w{i}_desc.load([pid_n * BLOCK_N, k * BLOCK_K]).T",
+           False: "            w{i} = w{i}_desc.load([k * BLOCK_K, pid_n * BLOCK_N])"}
+
+
 def source(expr: Gated, specialize: bool = False) -> str:
     """The Triton source of the kernel computing `expr`; `specialize`: its sizes and strides are
     constexprs (one binary per shape, launched with pointers only: what a compiled model replays)."""
     emit = Emitter()
     emit.run((expr.act,), "g")
     kind = ": tl.constexpr" if specialize else ""
+    w_descs, w_loads = ("\n".join(form[expr.trans_b].format(i=i) for i in (1, 2)) for form in (_W_DESC, _W_LOAD))
     return _TEMPLATE.format(name=KERNEL_NAME, description=expr.describe(), bias=_BIAS if expr.bias else "",
+                            w_descs=w_descs, w_loads=w_loads,
                             int_params="    " + " ".join(f"{n}{kind}," for n in INT_NAMES),
                             activation="".join(f"    {line}\n" for line in emit.lines))
 
