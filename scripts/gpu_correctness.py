@@ -115,6 +115,11 @@ def family_cases(limits: Limits, per_expr: int) -> list:
         fam = family(op)
         for i, expr in enumerate(fam.examples()):
             out += [(expr, c) for c in fam.space(expr, limits).sample(np.random.default_rng(i), per_expr)]
+    # the gated kernel's tensor-descriptor loads, which random configs of the examples rarely pick:
+    # both weight layouts, 16-bit dtypes, both ways of feeding the MMA, edges of every dimension
+    tma = TILE.replace(BLOCK_N=64, UNROLL=1, TMA=1)
+    out += [(Gated(1000, 520, 1576, dtype, act, trans_b=t, bias=t), tma.replace(FUSE=f))
+            for (dtype, act, t), f in itertools.product((("fp16", "silu", True), ("bf16", "gelu_tanh", False)), (0, 1))]
     return out
 
 
