@@ -49,7 +49,10 @@ def test_sm90_builds_use_wgmma_and_the_shared_estimate_is_exact():
     cases += [(Wide(2048, (2048, 512, 512), 2048), Config.of(CASES[0][1], BLOCK_N=128)),
               (Wide(1000, (64, 520, 72), 1576, dtype="bf16", trans_b=False, bias=True),
                Config.of(CASES[1][1], UNROLL=1)),
-              (Wide(1000, (1, 520, 77), 1576, dtype="fp32", trans_b=False, bias=True), Config.of(CASES[2][1]))]
+              (Wide(1000, (1, 520, 77), 1576, dtype="fp32", trans_b=False, bias=True), Config.of(CASES[2][1])),
+              # tensor-descriptor loads: one descriptor over the segment's weight, both layouts
+              (Wide(2048, (2048, 512, 512), 2048), Config.of(CASES[0][1], BLOCK_N=128, TMA=1)),
+              (Wide(1000, (64, 520, 72), 1576, dtype="bf16", trans_b=False), Config.of(CASES[1][1], UNROLL=1, TMA=1))]
     results = build_sm90(cases)
     assert len(results) == len(cases)
     for (expr, config), got in zip(cases, results):
@@ -67,13 +70,14 @@ def test_sm90_replayed_kernels_take_none_for_pointers_they_never_touch():
              (Matmul(2048, 2048, 2048, trans_b=True), tile.replace(TMA=1)),
              (Matmul(64, 4096, 4096, trans_b=True, epilogue=(BiasAdd(),)), Config.of(CASES[1][1], SPLIT_K=4, UNROLL=1)),
              (Gated(2048, 8192, 2048, "bf16", "silu"), Config.of(CASES[1][1], UNROLL=1, FUSE=1)),
-             (Wide(2048, (2048, 512, 512), 2048), tile)]
+             (Wide(2048, (2048, 512, 512), 2048), tile),
+             (Wide(2048, (2048, 512, 512), 2048), tile.replace(TMA=1))]
     results = build_sm90(cases, replay=True)
     assert [r["nones"] for r in results] == [["BIAS", "WS", "LOCKS"], ["BIAS", "WS", "LOCKS"], [], ["B1", "B2"],
-                                             ["B0", "B1", "B2"]]
+                                             ["B0", "B1", "B2"], ["B0", "B1", "B2"]]
     assert all(r["wgmma"] for r in results)
     # pipelined as the tuned kernel was: the contraction's and the wide kernel's buffers as estimated
-    assert [results[i]["shared"] for i in (0, 2, 4)] == [shared_estimate(cases[i][1], 2) for i in (0, 2, 4)]
+    assert [results[i]["shared"] for i in (0, 2, 4, 5)] == [shared_estimate(cases[i][1], 2) for i in (0, 2, 4, 5)]
 
 
 @pytest.mark.parametrize("rows,warps", [(16, 4), (32, 8), (128, 2)])

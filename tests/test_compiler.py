@@ -121,8 +121,8 @@ def test_a_call_site_runs_its_kernel_only_on_the_layout_it_was_tuned_for(monkeyp
         for _ in range(2):
             assert torch.allclose(tuned_op.OP(transposed, b, None, [], spec), a @ b, atol=1e-5) and launched == [1]
     assert [r.getMessage() for r in caplog.records] == [
-        "tritune: matmul 33x47x29 fp32 NN was tuned for other operand layouts, dtypes or alignment than this call's: it runs as "
-        "torch ops"]
+        "tritune: matmul 33x47x29 fp32 NN was tuned for other operand layouts, dtypes or alignment than this "
+        "call's: it runs as torch ops"]
 
 
 def test_operands_that_start_unaligned_run_as_torch_ops(monkeypatch):
@@ -142,8 +142,9 @@ def test_operands_that_start_unaligned_run_as_torch_ops(monkeypatch):
     matmul = tuned_op.spec_of(contraction_expr(x, w1.t(), ()), FAST)
     refs = [x @ w1.t(), torch.nn.functional.silu(x @ w1.t()) * (x @ w2.t()), [x @ w1.t(), x @ w2.t()]]
     for operands in ((x, w1.t(), w2.t()), (shifted, w1.t(), w2.t())):
-        outs = [tuned_op.OP(operands[0], operands[1], None, [], matmul), tuned_op.GATED_OP(*operands, None, None, gated),
-                tuned_op.WIDE_OP(operands[0], list(operands[1:]), [], wide)]
+        x_, w1_, w2_ = operands
+        outs = [tuned_op.OP(x_, w1_, None, [], matmul), tuned_op.GATED_OP(x_, w1_, w2_, None, None, gated),
+                tuned_op.WIDE_OP(x_, [w1_, w2_], [], wide)]
         assert all(torch.allclose(o, r, atol=1e-4) for o, r in zip([outs[0], outs[1], *outs[2]], [*refs[:2], *refs[2]]))
     assert launched == [1, 1, 1]  # the aligned operands only
 

@@ -52,7 +52,8 @@ def test_tensor_descriptor_loads_match_the_reference(expr, fuse):
 
 def test_tensor_descriptors_only_where_rows_are_16_byte_aligned():
     """fp16 rows of K = 56 are 112 bytes (aligned), of K = 53 not; [K, N] weights need N aligned too."""
-    assert {c["TMA"] for c in GATED.space(Gated(2048, 8192, 2048), H100).sample(np.random.default_rng(0), 300)} == {0, 1}
+    aligned = GATED.space(Gated(2048, 8192, 2048), H100)
+    assert {c["TMA"] for c in aligned.sample(np.random.default_rng(0), 300)} == {0, 1}
     for unaligned in (Gated(64, 64, 53), Gated(64, 60, 64, trans_b=False), Gated(64, 64, 50, dtype="fp32")):
         space = GATED.space(unaligned, H100)
         valid = space.sample(np.random.default_rng(0), 100)
@@ -60,7 +61,8 @@ def test_tensor_descriptors_only_where_rows_are_16_byte_aligned():
     x = torch.randn(20, 56)[:, :53]  # padded rows: 112 bytes apart, but 53 wide
     expr = Gated(20, 24, 53)
     with pytest.raises(ValueError, match="config uses TMA but"):
-        GATED.kernel(expr, SMALL.replace(TMA=1), launch.problem_of(expr, x.half(), *GATED.inputs(expr, 0, "cpu").args[1:4]))
+        problem = launch.problem_of(expr, x.half(), *GATED.inputs(expr, 0, "cpu").args[1:4])
+        GATED.kernel(expr, SMALL.replace(TMA=1), problem)
 
 
 def test_a_wrong_activation_is_caught():

@@ -35,6 +35,16 @@ def test_every_output_matches_the_reference(expr):
     assert err <= tol
 
 
+@pytest.mark.parametrize("expr", [
+    Wide(37, (29, 13, 13), 56), Wide(19, (40, 24), 72, trans_b=False, bias=True),
+    Wide(33, (48, 20), 40, dtype="fp32", allow_tf32=False, bias=True),
+], ids=lambda e: e.describe().replace(" ", "-"))
+def test_tensor_descriptor_loads_match_the_reference(expr):
+    """TMA=1: each segment's weight through its own descriptor, zero-filled past M, N and K."""
+    err, tol = run_case(expr, SMALL.replace(TMA=1, UNROLL=1))
+    assert err <= tol
+
+
 @pytest.mark.parametrize("built", [Wide(20, (24, 24), 24, dtype="fp32", allow_tf32=False),  # no bias
                                    Wide(20, (24, 24), 24, dtype="fp32", allow_tf32=False, bias=True, trans_b=False)])
 def test_a_wrong_kernel_is_caught(built):
@@ -70,9 +80,12 @@ def test_the_concatenated_weight_follows_changes_to_the_weights():
 
 def test_the_space_has_the_plain_tiling_knobs_sized_by_the_widest_weight():
     space = WIDE.space(Wide(2048, (2048, 512, 512), 2048), H100)
-    assert [k.name for k in space.knobs] == list(TILING) and space.size > 0
+    assert [k.name for k in space.knobs] == [*TILING, "TMA"] and space.size > 0
     configs = [space.config(int(i)) for i in space.valid_indices]
-    assert {c["BLOCK_N"] for c in configs} >= {64, 128, 256}
+    assert {c["BLOCK_N"] for c in configs} >= {64, 128, 256} and {c["TMA"] for c in configs} == {0, 1}
+    # tensor descriptors only where every row is 16-byte aligned: here one weight's [K, N] rows are not
+    odd = WIDE.space(Wide(256, (256, 60), 256, trans_b=False), H100)
+    assert not any(odd.config(int(i))["TMA"] for i in odd.valid_indices)
     narrow = WIDE.space(Wide(16, (40, 24), 64), H100)
     assert {narrow.config(int(i))["BLOCK_N"] for i in narrow.valid_indices} == {16, 32, 64}  # 40 wide at most
     x = WIDE.features(Wide(2048, (2048, 512, 512), 2048, bias=True), H100, [Config.of(SMALL, BLOCK_N=128)])
@@ -115,4 +128,23 @@ def test_tune_cli_runs_wide_end_to_end(monkeypatch, tmp_path):
     out = json.loads(summary.read_text())
     expr = Wide(2048, (2048, 512, 512), 2048)
     assert out["workload"] == expr.to_dict() and out["trials"] == 20
-    assert set(out["best_config"]) == set(TILING) or "library" in out["best_config"]
+    assert set(out["best_config"]) == {*TILING, "TMA"} or "library" in out["best_config"]
+
+
+def test_the_replayed_op_loads_through_descriptors_where_the_operands_allow(monkeypatch):
+    """torch.ops.tritune.wide with TMA=1: the kernel where rows are 16-byte aligned, torch ops
+    (the same values) where x's rows are not."""
+    from tritune.kernels.frontend import tuned_op
+
+    launched = []
+    original = tuned_op.wrap_triton
+    monkeypatch.setattr(tuned_op, "wrap_triton", lambda fn: launched.append(1) or original(fn))
+    expr = Wide(37, (24, 8), 56, dtype="fp32", allow_tf32=False)
+    spec = tuned_op.spec_of(expr, SMALL.replace(TMA=1, UNROLL=1))
+    x, ws = torch.randn(37, 56), [torch.randn(24, 56), torch.randn(8, 56)]
+    padded = torch.randn(37, 61)[:, :56]  # rows 244 bytes apart: no descriptor can read them
+    padded.copy_(x)
+    for operand in (x, padded):
+        outs = tuned_op.WIDE_OP(operand, [w.t() for w in ws], [], spec)
+        assert all(rel_error(o, x.double() @ w.double().t()) <= 1e-5 for o, w in zip(outs, ws))
+    assert launched == [1]

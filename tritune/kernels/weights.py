@@ -1,6 +1,7 @@
 """Weights applied to one input by the gated and wide families: their layouts as the command line
-names them, a weight as the [K, N] operand of x @ w, and weights concatenated once, as a user
-concatenates them when loading a model (the families' 'mm_cat' library candidates)."""
+names them, their kernels' tensor descriptors over them, a weight as the [K, N] operand of x @ w,
+and weights concatenated once, as a user concatenates them when loading a model (the families'
+'mm_cat' library candidates)."""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -19,6 +20,16 @@ def weight_options(options: dict[str, str], op: str) -> tuple[bool, bool]:
     if epilogue not in ("", "bias"):
         raise ExprError(f"bad --epilogue {epilogue!r} for --op {op}: only 'bias' (one on each projection)")
     return LAYOUTS[layout], epilogue == "bias"
+
+
+def weight_descriptor(trans_b: bool, pointer: str, name: str) -> str:
+    """Triton source: a tensor descriptor over a weight as stored, [N, K] (nn.Linear's; its tiles
+    are flipped after the load) or [K, N] (the gated and wide kernels' TMA loads)."""
+    if trans_b:
+        return f"{name} = tl.make_tensor_descriptor({pointer}, shape=[N, K], strides=[stride_wn, 1], " \
+               "block_shape=[BLOCK_N, BLOCK_K])"
+    return f"{name} = tl.make_tensor_descriptor({pointer}, shape=[K, N], strides=[stride_wk, 1], " \
+           "block_shape=[BLOCK_K, BLOCK_N])"
 
 
 def as_kn(trans_b: bool, w: Any) -> Any:

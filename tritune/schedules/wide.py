@@ -1,17 +1,19 @@
 """The schedule space of the wide-GEMM template: the contraction space's plain tiling knobs (one
-program per output tile of every weight, plain loads), sized by the widest weight."""
+program per output tile of every weight) and tensor-descriptor loads, sized by the widest weight."""
 from __future__ import annotations
 
 from typing import Sequence
 
 from tritune.schedules.contraction import contraction_space
-from tritune.schedules.gated import TILING
+from tritune.schedules.gated import TILING, TMA
 from tritune.schedules.space import Limits, Space
 
 
-def wide_space(m: int, ns: Sequence[int], k: int, element_bytes: int, limits: Limits) -> Space:
+def wide_space(m: int, ns: Sequence[int], k: int, element_bytes: int, limits: Limits, tma: bool = False) -> Space:
     """The space of x [M, K] times weights of widths `ns`. A tile is no wider than the widest weight
     needs; the GPU-filling rule sees that weight's tiles alone, so it keeps smaller tiles than the
-    whole grid would (never prunes a tile the wide grid needs)."""
-    base = contraction_space(m, max(ns), k, element_bytes, limits)
-    return base.without([knob.name for knob in base.knobs if knob.name not in TILING])
+    whole grid would (never prunes a tile the wide grid needs). `tma`: whether the operands' layout
+    allows tensor-descriptor loads."""
+    base = contraction_space(m, max(ns), k, element_bytes, limits, tma=int(tma))
+    base = base.without([knob.name for knob in base.knobs if knob.name not in TILING])
+    return Space((*base.knobs, TMA), base.constraints)

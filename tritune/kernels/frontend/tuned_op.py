@@ -182,20 +182,26 @@ class WideSite(_OneKernel):
         # the kernel takes the weights as stored ([N, K] for nn.Linear's), the graph their [K, N] views
         ws = [w.t() for w in ws] if expr.trans_b else list(ws)
         bs = list(bs) if expr.bias else [None] * len(ws)
-        if not self.fits(x, ws, bs):
+        if not self.fits(x, ws, outs, bs):
             _misfit(self)
             return products(expr, x, *ws, *outs, *bs)
         ints = dict(zip(wide_launch.template.int_names(expr), wide_launch.ints_of(expr, x, ws, outs, bs)))
+        if self.config.get("TMA", 0):
+            use_torch_scratch()
         wrap_triton(self.fn)[self.grid](x, *ws, *outs, *bs, **ints, **self.consts)
         return outs
 
-    def fits(self, x: Any, ws: list, bs: list) -> bool:
+    def fits(self, x: Any, ws: list, outs: list, bs: list) -> bool:
         """Whether x is row-major in the tuned dtype, and there are as many weights (as stored:
-        [N_i, K] or [K, N_i], rows contiguous) and biases (vectors) as tuned, all aligned."""
+        [N_i, K] or [K, N_i], rows contiguous) and biases (vectors) as tuned, all aligned (and, for
+        tensor-descriptor loads, with the row strides those need)."""
         expr = self.expr
         biases = not expr.bias or all(b is not None and b.dim() == 1 for b in bs)
-        return (layout_of(x) is False and DTYPE_NAMES.get(str(x.dtype)) == expr.dtype and len(ws) == len(expr.ns)
-                and len(bs) == len(ws) and all(w.stride()[-1] == 1 for w in ws) and biases and aligned(x, *ws, *bs))
+        if not (layout_of(x) is False and DTYPE_NAMES.get(str(x.dtype)) == expr.dtype and len(ws) == len(expr.ns)
+                and len(bs) == len(ws) and all(w.stride()[-1] == 1 for w in ws) and biases and aligned(x, *ws, *bs)):
+            return False
+        problem = wide_launch.Problem(wide_launch.ints_of(expr, x, ws, outs, bs), (True,) * (1 + 3 * len(ws)))
+        return not self.config.get("TMA", 0) or wide_launch.tma_unfit(expr, problem) is None
 
 
 @lru_cache(maxsize=None)

@@ -19,7 +19,7 @@ class GatedFamily(Family):
 
     op = "gated"
     baseline = "torch (two cuBLAS GEMMs + pointwise)"
-    sources = ("gated/expr.py", "gated/template.py", "gated/launch.py", "contraction/template.py")
+    sources = ("gated/expr.py", "gated/template.py", "gated/launch.py", "contraction/template.py", "weights.py")
     launch_module = "tritune.kernels.gated.launch"
 
     def from_dict(self, spec: dict) -> Gated:
@@ -109,7 +109,8 @@ class GatedFamily(Family):
                 y = torch.addmm(b, x, w) if expr.bias else torch.mm(x, w)
                 g, u = y[:, :expr.n], y[:, expr.n:]
             else:
-                g, u = ((torch.addmm(b, x, as_kn(expr.trans_b, w)) if expr.bias else torch.mm(x, as_kn(expr.trans_b, w)))
+                g, u = ((torch.addmm(b, x, as_kn(expr.trans_b, w)) if expr.bias
+                         else torch.mm(x, as_kn(expr.trans_b, w)))
                         for w, b in ((w1, b1), (w2, b2)))
             expr.act.inplace(g)
             return torch.mul(g, u, out=c)

@@ -2,8 +2,8 @@
 
 Each program computes one [BLOCK_M, BLOCK_N] tile of both products from one walk over K: every
 step loads the x tile once and the W1 and W2 tiles beside it, with pointer loads or (TMA=1)
-tensor descriptors, which fetch whole tiles through the TMA unit (zero-filled past the edges). FUSE=0 feeds two accumulators with
-two MMAs; FUSE=1 joins the two weight tiles into one [BLOCK_K, 2*BLOCK_N] tile (columns
+tensor descriptors, which fetch whole tiles through the TMA unit (zero-filled past the edges).
+FUSE=0 feeds two accumulators with two MMAs; FUSE=1 joins the two weight tiles into one [BLOCK_K, 2*BLOCK_N] tile (columns
 interleaved: g0 u0 g1 u1 ...) and issues one MMA twice as wide, split again after the loop. The
 bias, the activation and the product run on the fp32 tiles before the one store.
 """
@@ -13,6 +13,7 @@ from typing import Any
 
 from tritune.kernels.codegen import Emitter, load_source
 from tritune.kernels.contraction.template import PRELUDE
+from tritune.kernels.weights import weight_descriptor
 from tritune.kernels.gated.expr import Gated
 
 KERNEL_NAME = "tritune_gated"
@@ -80,11 +81,7 @@ _BIAS = ("    g += tl.load(B1 + offs_n * stride_b, mask=offs_n < N, other=0.0).t
          "    u += tl.load(B2 + offs_n * stride_b, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]\n")
 
 
-# Tensor descriptors over the weights as stored: [N, K] (nn.Linear's; tiles flipped after the load) or [K, N]
-_W_DESC = {True: "        w{i}_desc = tl.make_tensor_descriptor(W{i}, shape=[N, K], strides=[stride_wn, 1], "
-                 "block_shape=[BLOCK_N, BLOCK_K])",
-           False: "        w{i}_desc = tl.make_tensor_descriptor(W{i}, shape=[K, N], strides=[stride_wk, 1], "
-                  "block_shape=[BLOCK_K, BLOCK_N])"}
+# Loads of the weight tiles through their descriptors: [N, K] tiles flipped, or [K, N]
 _W_LOAD = {True: "            w{i} = w{i}_desc.load([pid_n * BLOCK_N, k * BLOCK_K]).T",
            False: "            w{i} = w{i}_desc.load([k * BLOCK_K, pid_n * BLOCK_N])"}
 
@@ -95,7 +92,8 @@ def source(expr: Gated, specialize: bool = False) -> str:
     emit = Emitter()
     emit.run((expr.act,), "g")
     kind = ": tl.constexpr" if specialize else ""
-    w_descs, w_loads = ("\n".join(form[expr.trans_b].format(i=i) for i in (1, 2)) for form in (_W_DESC, _W_LOAD))
+    w_descs = "\n".join("        " + weight_descriptor(expr.trans_b, f"W{i}", f"w{i}_desc") for i in (1, 2))
+    w_loads = "\n".join(_W_LOAD[expr.trans_b].format(i=i) for i in (1, 2))
     return _TEMPLATE.format(name=KERNEL_NAME, description=expr.describe(), bias=_BIAS if expr.bias else "",
                             w_descs=w_descs, w_loads=w_loads,
                             int_params="    " + " ".join(f"{n}{kind}," for n in INT_NAMES),

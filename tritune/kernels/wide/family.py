@@ -19,7 +19,7 @@ class WideFamily(Family):
 
     op = "wide"
     baseline = "torch (one cuBLAS GEMM per weight)"
-    sources = ("wide/expr.py", "wide/template.py", "wide/launch.py", "contraction/template.py")
+    sources = ("wide/expr.py", "wide/template.py", "wide/launch.py", "contraction/template.py", "weights.py")
     launch_module = "tritune.kernels.wide.launch"
 
     def from_dict(self, spec: dict) -> Wide:
@@ -44,7 +44,8 @@ class WideFamily(Family):
     def space(self, expr: Wide, limits: Limits) -> Space:
         from tritune.schedules.wide import wide_space
 
-        return wide_space(expr.m, expr.ns, expr.k, DTYPE_BYTES[expr.dtype], limits)
+        tma = launch.tma_unfit(expr, launch.canonical_problem(expr)) is None
+        return wide_space(expr.m, expr.ns, expr.k, DTYPE_BYTES[expr.dtype], limits, tma=tma)
 
     def features(self, expr: Wide, limits: Limits, configs: Sequence[Config]) -> np.ndarray:
         from tritune.kernels.wide.features import features
@@ -104,7 +105,8 @@ class WideFamily(Family):
                 w, b = cat(ws, bs)
                 return torch.addmm(b, x, w, out=whole) if expr.bias else torch.mm(x, w, out=whole)
             for w, c, b in zip(ws, cs, bs):
-                torch.addmm(b, x, as_kn(expr.trans_b, w), out=c) if expr.bias else torch.mm(x, as_kn(expr.trans_b, w), out=c)
+                w = as_kn(expr.trans_b, w)
+                torch.addmm(b, x, w, out=c) if expr.bias else torch.mm(x, w, out=c)
             return whole
         return run
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from tritune.kernels.codegen import Binary, Launcher, divisibility
+from tritune.kernels.codegen import Binary, Launcher, divisibility, use_torch_scratch
 from tritune.kernels.contraction import launch as contraction
+from tritune.kernels.device import interpreted
 from tritune.kernels.expr import DTYPE_BYTES
 from tritune.kernels.wide import template
 from tritune.kernels.wide.expr import Wide
@@ -18,7 +19,7 @@ from tritune.schedules.config import Config
 # Replay's last resort: valid for any wide GEMM.
 DEFAULT = Config.of(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3, UNROLL=1)
 # the contraction template's constexprs this template takes too
-SHARED_CONSTS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "UNROLL", "EVEN_K", "DOT_PRECISION")
+SHARED_CONSTS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "UNROLL", "EVEN_K", "DOT_PRECISION", "TMA")
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,23 @@ def ends(expr: Wide, block_n: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def tma_unfit(expr: Wide, problem: Problem) -> str | None:
+    """Why tensor descriptors cannot load x and every weight: None when they can (the unit stride
+    last, 16-byte aligned bases, row strides that are multiples of 16 bytes)."""
+    ints = dict(zip(template.int_names(expr), problem.ints))
+    size = DTYPE_BYTES[expr.dtype]
+    rows = [("x", ints["stride_xk"], ints["stride_xm"])]
+    for i in range(len(expr.ns)):
+        unit, row = ("k", "n") if expr.trans_b else ("n", "k")
+        rows.append((f"weight {i + 1}", ints[f"stride_w{i}{unit}"], ints[f"stride_w{i}{row}"]))
+    for name, unit, row in rows:
+        if unit != 1 or row * size % 16:
+            return f"{name}'s rows are not contiguous, or not 16-byte aligned"
+    if not all(problem.aligned[:1 + len(expr.ns)]):
+        return "an operand is not 16-byte aligned"
+    return None
+
+
 def constexprs(expr: Wide, config: Config) -> dict[str, Any]:
     """Compile-time parameters of the template for one config."""
     shared = contraction.constexprs(expr.as_matmul(), config)
@@ -109,7 +127,12 @@ def grid(expr: Wide, config: Config) -> tuple[int, int, int]:
 
 
 def launcher(expr: Wide, config: Config, problem: Problem, target: Any = None) -> Callable[..., None]:
-    """The candidate bound to one problem: call it with (x, W_1.., out_1.., [b_1..]) to launch once."""
+    """The candidate bound to one problem: call it with (x, W_1.., out_1.., [b_1..]) to launch once;
+    ValueError for tensor-descriptor loads of operands they cannot read."""
+    if config.get("TMA", 0) and (why := tma_unfit(expr, problem)):
+        raise ValueError(f"config uses TMA but {why}")
+    if config.get("TMA", 0) and not interpreted():
+        use_torch_scratch()  # device-side descriptors take scratch from the allocator
     launch = Launcher(binary(expr, config, problem), grid(expr, config), target)
 
     def run(*args: Any) -> None:

@@ -4,7 +4,8 @@ The grid covers M tiles x (tiles of N_1 + tiles of N_2 [+ tiles of N_3]) in the 
 every GEMM here; a program finds its weight from its N-tile index by an if/elif chain over the
 segments' tile boundaries (constexprs), so no tile straddles two weights. The chain picks that
 segment's weight, output, bias, width and strides; one tile of that product follows, by the
-contraction template's own main loop and epilogue (its bias only).
+contraction template's own main loop (plain or, TMA=1, tensor-descriptor loads) and epilogue
+(its bias only).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from tritune.kernels.codegen import load_source
 from tritune.kernels.contraction import template as contraction
+from tritune.kernels.weights import weight_descriptor
 from tritune.kernels.wide.expr import Wide
 
 KERNEL_NAME = "tritune_wide"
@@ -26,7 +28,7 @@ def {name}(
     X, {pointers},
 {int_params}
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
     {ends},
 ):
     # {description}
@@ -34,8 +36,15 @@ def {name}(
     # the chain picks the segment's operands only: one main loop after it, not one per branch
     # (Triton gives every inlined loop its own pipeline buffers: three loops, three times the
     # shared memory)
-{branches}    acc = _mainloop(X, W, X, W, 0, pid_m, pid_n, 0, tl.cdiv(K, BLOCK_K), M, N, K, 0, stride_xm, stride_xk,
-                    0, stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K, DOT_PRECISION, 0, 0)
+{branches}    if TMA:
+        # tensor descriptors over x and the segment's weight: whole tiles, zero-filled past the edges
+        x_desc = tl.make_tensor_descriptor(X, shape=[M, K], strides=[stride_xm, 1], block_shape=[BLOCK_M, BLOCK_K])
+        {w_desc}
+    else:
+        x_desc, w_desc = X, W  # stand-ins, never read without TMA
+    acc = _mainloop(X, W, x_desc, w_desc, 0, pid_m, pid_n, 0, tl.cdiv(K, BLOCK_K), M, N, K, 0, stride_xm,
+                    stride_xk, 0, stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K, DOT_PRECISION,
+                    TMA, 0)
     _finish(acc, C, B, 0, pid_m, pid_n, M, N, 0, stride_cm, stride_cn, stride_b, BLOCK_M, BLOCK_N, 0)
 '''
 
@@ -79,7 +88,7 @@ def source(expr: Wide, specialize: bool = False) -> str:
         name=KERNEL_NAME, description=expr.describe(), pointers=", ".join(pointer_names(expr)),
         int_params="\n".join("    " + " ".join(f"{n}{kind}," for n in group) for group in groups),
         ends=", ".join(f"END{i}: tl.constexpr" for i in range(count)), last=count - 1,
-        branches=_branches(count))
+        branches=_branches(count), w_desc=weight_descriptor(expr.trans_b, "W", "w_desc"))
 
 
 def load(expr: Wide, specialize: bool = False) -> Any:
