@@ -1,11 +1,13 @@
 """Weights applied to one input by the gated and wide families: their layouts as the command line
-names them, their kernels' tensor descriptors over them, a weight as the [K, N] operand of x @ w,
-and weights concatenated once, as a user concatenates them when loading a model (the families'
-'mm_cat' library candidates)."""
+names them, their kernels' tensor descriptors over them (and what a launch with those needs), a
+weight as the [K, N] operand of x @ w, and weights concatenated once, as a user concatenates them
+when loading a model (the families' 'mm_cat' library candidates)."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+from tritune.kernels.codegen import use_torch_scratch
+from tritune.kernels.device import interpreted
 from tritune.kernels.expr import ExprError
 
 LAYOUTS = {"nt": True, "nn": False}  # weights [N, K] as nn.Linear keeps them, or [K, N]
@@ -30,6 +32,18 @@ def weight_descriptor(trans_b: bool, pointer: str, name: str) -> str:
                "block_shape=[BLOCK_N, BLOCK_K])"
     return f"{name} = tl.make_tensor_descriptor({pointer}, shape=[K, N], strides=[stride_wk, 1], " \
            "block_shape=[BLOCK_K, BLOCK_N])"
+
+
+def ready_for_tma(config: Any, unfit: Callable[[], str | None]) -> None:
+    """Before a gated or wide launcher of a config with tensor-descriptor loads (TMA): ValueError,
+    naming why, where `unfit()` says the operands cannot be read so; else the descriptors'
+    scratch from torch (on a GPU)."""
+    if not config.get("TMA", 0):
+        return
+    if why := unfit():
+        raise ValueError(f"config uses TMA but {why}")
+    if not interpreted():
+        use_torch_scratch()
 
 
 def as_kn(trans_b: bool, w: Any) -> Any:

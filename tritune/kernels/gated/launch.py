@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from tritune.kernels.codegen import Binary, Launcher, divisibility, use_torch_scratch
-from tritune.kernels.device import interpreted
+from tritune.kernels.codegen import Binary, Launcher, divisibility
 from tritune.kernels.expr import DTYPE_BYTES
 from tritune.kernels.gated import template
 from tritune.kernels.gated.expr import Gated
+from tritune.kernels.weights import ready_for_tma
 from tritune.schedules.config import Config
 
 # Replay's last resort: valid for any dual GEMM.
@@ -91,10 +91,7 @@ def grid(expr: Gated, config: Config) -> tuple[int, int, int]:
 def launcher(expr: Gated, config: Config, problem: Problem, target: Any = None) -> Callable[..., None]:
     """The candidate bound to one problem: call it with (x, w1, w2, out[, b1, b2]) to launch once;
     ValueError for tensor-descriptor loads of operands they cannot read."""
-    if config.get("TMA", 0) and (why := tma_unfit(expr, problem)):
-        raise ValueError(f"config uses TMA but {why}")
-    if config.get("TMA", 0) and not interpreted():
-        use_torch_scratch()  # device-side descriptors take scratch from the allocator
+    ready_for_tma(config, lambda: tma_unfit(expr, problem))
     launch = Launcher(binary(expr, config, problem), grid(expr, config), target)
     bias = expr.bias
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from tritune.kernels.codegen import Binary, Launcher, divisibility, use_torch_scratch
+from tritune.kernels.codegen import Binary, Launcher, divisibility
 from tritune.kernels.contraction import launch as contraction
-from tritune.kernels.device import interpreted
 from tritune.kernels.expr import DTYPE_BYTES
 from tritune.kernels.wide import template
+from tritune.kernels.weights import ready_for_tma
 from tritune.kernels.wide.expr import Wide
 from tritune.schedules.config import Config
 
@@ -129,10 +129,7 @@ def grid(expr: Wide, config: Config) -> tuple[int, int, int]:
 def launcher(expr: Wide, config: Config, problem: Problem, target: Any = None) -> Callable[..., None]:
     """The candidate bound to one problem: call it with (x, W_1.., out_1.., [b_1..]) to launch once;
     ValueError for tensor-descriptor loads of operands they cannot read."""
-    if config.get("TMA", 0) and (why := tma_unfit(expr, problem)):
-        raise ValueError(f"config uses TMA but {why}")
-    if config.get("TMA", 0) and not interpreted():
-        use_torch_scratch()  # device-side descriptors take scratch from the allocator
+    ready_for_tma(config, lambda: tma_unfit(expr, problem))
     launch = Launcher(binary(expr, config, problem), grid(expr, config), target)
 
     def run(*args: Any) -> None:
