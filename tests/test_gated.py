@@ -37,15 +37,13 @@ def test_dual_gemm_matches_the_reference(expr, fuse):
     assert err <= tol
 
 
-@pytest.mark.parametrize("fuse", [0, 1])
-@pytest.mark.parametrize("expr", [
-    Gated(37, 29, 56), Gated(19, 40, 72, activation="gelu", trans_b=False, bias=True),
-    Gated(33, 24, 48, dtype="fp32", activation="gelu_tanh", bias=True),
-], ids=lambda e: e.describe().replace(" ", "-"))
+@pytest.mark.parametrize("expr,fuse", [
+    (Gated(37, 29, 56), 0), (Gated(37, 29, 56), 1), (Gated(19, 40, 72, activation="gelu", trans_b=False, bias=True), 0),
+    (Gated(19, 40, 72, activation="gelu", trans_b=False, bias=True), 1),
+    (Gated(33, 24, 48, dtype="fp32", activation="gelu_tanh", bias=True), 0),  # FUSE joins 16-bit tiles only
+], ids=str)
 def test_tensor_descriptor_loads_match_the_reference(expr, fuse):
     """TMA=1: whole tiles through descriptors, zero-filled past M, N and K (no tile divides them)."""
-    if fuse and expr.dtype == "fp32":
-        pytest.skip("FUSE joins 16-bit tiles only (the space's rule)")
     err, tol = run_case(expr, SMALL.replace(FUSE=fuse, TMA=1, UNROLL=1))
     assert err <= tol
 
