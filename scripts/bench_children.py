@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from tritune.tuner.model_check import in_turns, outputs_rel_error
+
 HERE = Path(__file__).resolve().parent
 SHAPES = {"prefill": (1, 2048), "decode": (16, 1)}  # (batch, tokens)
 CUDA_GRAPHS = ("reduce-overhead", "tritune-ro", "route-ro", "sites-ro")
@@ -94,13 +96,6 @@ def caller(compiled, x, variant: str):
     return lambda: (torch.compiler.cudagraph_mark_step_begin(), compiled(x))[1]
 
 
-def rel_err(y, ref) -> float:
-    """The relative error of an output (a tensor or several) against the reference."""
-    from tritune.tuner.model_check import outputs_rel_error
-
-    return outputs_rel_error(y, ref)
-
-
 def seed_defaults(tasks: list, db: str) -> None:
     """Each task's workload stored with its family's default config as its one trial: a database
     that replays every site without a tuning run (checks of the replay, not measurements)."""
@@ -138,15 +133,13 @@ def child_compile(args: argparse.Namespace) -> dict:
     compiled, backend = compile_variant(model, variant, args.db)
     y = caller(compiled, x, variant)()
     sync(args.device)
-    return {"compile_s": time.perf_counter() - start, "rel_err": rel_err(y, ref),
+    return {"compile_s": time.perf_counter() - start, "rel_err": outputs_rel_error(y, ref),
             "sites": backend.sites if backend else None}
 
 
 def child_latency(args: argparse.Namespace) -> dict:
     """Every variant compiled here, then timed in turns with eager, round after round (drift hits
     all alike); the JSON is rewritten after each round, for a parent that times this out."""
-    from tritune.tuner.model_check import in_turns
-
     model, x = build(args)
     ref = model(x)
     fns, result = {"eager": lambda: model(x)}, {"variants": {}, "rounds": 0}
@@ -156,7 +149,8 @@ def child_latency(args: argparse.Namespace) -> dict:
             fns[variant] = caller(compiled, x, variant)
             for _ in range(3):  # CUDA-graph trees warm up, then record: the error is a replay's
                 y = fns[variant]()
-            result["variants"][variant] = {"rel_err": rel_err(y, ref), "sites": backend.sites if backend else None}
+            result["variants"][variant] = {"rel_err": outputs_rel_error(y, ref),
+                                           "sites": backend.sites if backend else None}
         except Exception as exc:  # one variant that fails must not cost the others
             fns.pop(variant, None)
             result["variants"][variant] = {"error": first_line(exc)}
@@ -208,7 +202,8 @@ def child_overhead(args: argparse.Namespace) -> dict:
             result[f"{name}_error"] = first_line(exc)
             fns.pop(name, None)
             continue
-        result.update({f"{name}_rel_err": rel_err(y, a @ w), f"{name}_as_intended": any(m in c for m in markers for c in code),
+        result.update({f"{name}_rel_err": outputs_rel_error(y, a @ w),
+                       f"{name}_as_intended": any(m in c for m in markers for c in code),
                        f"{name}_code": code[-1][-4000:] if code else ""})
     result["sites"] = backend.sites
     result.update({f"{name}_us": t for name, t in per_call_us(fns, (a, w), args.device).items()})

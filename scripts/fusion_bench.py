@@ -203,9 +203,9 @@ def build(args: argparse.Namespace, block: str) -> tuple:
 def time_block(args: argparse.Namespace, block: str, out: Path) -> dict:
     """Every variant of one block: rel error against eager, the backend's sites, ms, per-round times."""
     import torch
-    from bench_children import first_line, rel_err, seed_defaults
+    from bench_children import first_line, seed_defaults
 
-    from tritune.tuner.model_check import in_turns
+    from tritune.tuner.model_check import in_turns, outputs_rel_error
 
     import tritune
 
@@ -221,7 +221,7 @@ def time_block(args: argparse.Namespace, block: str, out: Path) -> dict:
                 fn, backend = compiled(model, variant, args.db, kernels)
                 y = fn(*x)
                 fns[variant] = lambda fn=fn: fn(*x)
-                rows[variant] = {"rel_err": rel_err(y, ref), "sites": backend.sites if backend else None}
+                rows[variant] = {"rel_err": outputs_rel_error(y, ref), "sites": backend.sites if backend else None}
             except Exception as exc:  # noqa: BLE001 - one variant that fails must not cost the others
                 rows[variant] = {"error": first_line(exc)}
         for name, times in in_turns(fns, args.rounds).items():
