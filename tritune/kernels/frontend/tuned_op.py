@@ -133,6 +133,20 @@ class _OneKernel:
         self.grid = self.launch.grid(expr, config)
         self.consts = _consts(self.launch, expr, config)
 
+    def takes(self, x: Any) -> bool:
+        """Whether the input every weight multiplies is row-major in the tuned dtype."""
+        return layout_of(x) is False and DTYPE_NAMES.get(str(x.dtype)) == self.expr.dtype
+
+    def descriptors_fit(self, problem: Any) -> bool:
+        """Whether tensor-descriptor loads, if the config uses them, can read the operands."""
+        return not self.config.get("TMA", 0) or self.launch.tma_unfit(self.expr, problem) is None
+
+    def run(self, *args: Any, **ints: Any) -> None:
+        """Launch the site's kernel (Inductor traces this into a launch of its own)."""
+        if self.config.get("TMA", 0):
+            use_torch_scratch()
+        wrap_triton(self.fn)[self.grid](*args, **ints, **self.consts)
+
 
 class GatedSite(_OneKernel):
     """One gated call site."""
@@ -148,11 +162,7 @@ class GatedSite(_OneKernel):
             _misfit(self)
             return GATED.expression(expr)(x, w1, w2, out, b1, b2)
         ints = dict(zip(gated_launch.INTS, gated_launch.ints_of(expr, x, w1, w2, out, b1, b2)))
-        if self.config.get("TMA", 0):
-            use_torch_scratch()
-        bias = expr.bias
-        wrap_triton(self.fn)[self.grid](x, w1, w2, out, b1 if bias else None, b2 if bias else None, **ints,
-                                        **self.consts)
+        self.run(x, w1, w2, out, b1 if expr.bias else None, b2 if expr.bias else None, **ints)
         return out
 
     def fits(self, x: Any, w1: Any, w2: Any, out: Any, b1: Any, b2: Any) -> bool:
@@ -161,11 +171,11 @@ class GatedSite(_OneKernel):
         the row strides those need)."""
         expr = self.expr
         biases = not expr.bias or (b1.dim() == b2.dim() == 1 and b1.stride() == b2.stride())
-        if not (layout_of(x) is False and DTYPE_NAMES.get(str(x.dtype)) == expr.dtype and w1.stride()[-1] == 1
-                and w1.stride() == w2.stride() and biases and aligned(x, w1, w2, b1, b2)):
+        if not (self.takes(x) and w1.stride()[-1] == 1 and w1.stride() == w2.stride() and biases
+                and aligned(x, w1, w2, b1, b2)):
             return False
-        problem = gated_launch.Problem(gated_launch.ints_of(expr, x, w1, w2, out, b1, b2), (True,) * 6)
-        return not self.config.get("TMA", 0) or gated_launch.tma_unfit(expr, problem) is None
+        return self.descriptors_fit(gated_launch.Problem(gated_launch.ints_of(expr, x, w1, w2, out, b1, b2),
+                                                         (True,) * 6))
 
 
 class WideSite(_OneKernel):
@@ -186,9 +196,7 @@ class WideSite(_OneKernel):
             _misfit(self)
             return products(expr, x, *ws, *outs, *bs)
         ints = dict(zip(wide_launch.template.int_names(expr), wide_launch.ints_of(expr, x, ws, outs, bs)))
-        if self.config.get("TMA", 0):
-            use_torch_scratch()
-        wrap_triton(self.fn)[self.grid](x, *ws, *outs, *bs, **ints, **self.consts)
+        self.run(x, *ws, *outs, *bs, **ints)
         return outs
 
     def fits(self, x: Any, ws: list, outs: list, bs: list) -> bool:
@@ -197,11 +205,11 @@ class WideSite(_OneKernel):
         tensor-descriptor loads, with the row strides those need)."""
         expr = self.expr
         biases = not expr.bias or all(b is not None and b.dim() == 1 for b in bs)
-        if not (layout_of(x) is False and DTYPE_NAMES.get(str(x.dtype)) == expr.dtype and len(ws) == len(expr.ns)
-                and len(bs) == len(ws) and all(w.stride()[-1] == 1 for w in ws) and biases and aligned(x, *ws, *bs)):
+        if not (self.takes(x) and len(ws) == len(expr.ns) and len(bs) == len(ws)
+                and all(w.stride()[-1] == 1 for w in ws) and biases and aligned(x, *ws, *bs)):
             return False
-        problem = wide_launch.Problem(wide_launch.ints_of(expr, x, ws, outs, bs), (True,) * (1 + 3 * len(ws)))
-        return not self.config.get("TMA", 0) or wide_launch.tma_unfit(expr, problem) is None
+        return self.descriptors_fit(wide_launch.Problem(wide_launch.ints_of(expr, x, ws, outs, bs),
+                                                        (True,) * (1 + 3 * len(ws))))
 
 
 @lru_cache(maxsize=None)
