@@ -5,11 +5,12 @@ import json
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from tritune.records.database import Database
 from tritune.records.result import DeviceKey
 from tritune.schedules.config import Config
+from tritune.settings import SETTINGS
 
 
 class _Local(threading.local):
@@ -20,6 +21,7 @@ class _Local(threading.local):
 
 
 _local = _Local()
+_histories: dict[Any, HistoryBest] = {}  # one per database a `db=` argument named (None: the default one)
 
 
 class HistoryBest:
@@ -77,3 +79,22 @@ def current() -> HistoryBest | None:
     """The innermost active replay context of this thread, if any."""
     stack = _local.stack
     return stack[-1] if stack else None
+
+
+def history_of(db: Any) -> HistoryBest | None:
+    """The history of `db` (a path, a Database or a HistoryBest), else the active context, else the
+    default database (None while that file does not exist)."""
+    if db is None:
+        return current() or _default()
+    if isinstance(db, HistoryBest):
+        return db
+    if db not in _histories:
+        _histories[db] = HistoryBest(db)
+    return _histories[db]
+
+
+def _default() -> HistoryBest | None:
+    # opened once the file exists; until then each call checks (and runs untuned defaults anyway)
+    if None not in _histories and SETTINGS.db_path.exists():
+        _histories[None] = HistoryBest(SETTINGS.db_path)
+    return _histories.get(None)

@@ -24,10 +24,10 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
+from tritune.errors import first_line
 from tritune.kernels.device import device_info
 from tritune.kernels.family import device_key
 from tritune.kernels.frontend import graph
-from tritune.kernels.frontend.extract import first_line
 from tritune.records import dispatch
 
 log = logging.getLogger("tritune.compiler")
@@ -63,7 +63,8 @@ def inductor(mode: str | None = None) -> Callable:
 
         patches = list_mode_options(mode)  # raises for an unknown mode, naming the known ones
     # Inductor launches user-defined Triton kernels through Triton's Python launcher unless told
-    # otherwise: 22.5 us more per launch than its own kernels on an H100 (BENCHMARKS.md, issue 14)
+    # otherwise: 22.5 us more per launch than its own kernels on an H100 (BENCHMARKS.md: host
+    # overhead of a replayed kernel)
     if hasattr(config, "static_launch_user_defined_triton_kernels"):
         patches = {**patches, "static_launch_user_defined_triton_kernels": True}
 
@@ -183,9 +184,7 @@ class Backend:
         return spec
 
     def _history(self) -> dispatch.HistoryBest | None:
-        from tritune.kernels.frontend.ops import history_of
-
-        return history_of(self.db)
+        return dispatch.history_of(self.db)
 
 
 def _resolve(history: Any, site: Matched, info: dict) -> list[tuple[Matched, str, Any]]:

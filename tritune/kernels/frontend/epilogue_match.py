@@ -22,6 +22,7 @@ import torch.fx as fx
 
 from tritune.kernels.epilogue import BiasAdd, Binary, Clamp, Epilogue, Input, Pow, Scale
 from tritune.kernels.expr import ExprError
+from tritune.kernels.frontend.helpers import DTYPE_NAMES
 from tritune.kernels.pointwise import binary, unary
 
 A = torch.ops.aten
@@ -211,8 +212,6 @@ def _binary(scope: Scope, node: fx.Node, fn: str, chains: dict[fx.Node, Chain]) 
 def _input(scope: Scope, node: fx.Node) -> Input | None:
     """What an outside tensor is to the contraction's [B,]M,N output: a full residual ('mn'), a
     vector over its rows ('m') or its columns ('n'); None for anything else."""
-    from tritune.kernels.frontend.ops import DTYPE_NAMES
-
     v, out = val(node), scope.out
     if not static(v) or v.dim() == 0 or str(v.dtype) not in DTYPE_NAMES:
         return None
@@ -275,8 +274,6 @@ def _bias_first(steps: tuple[Epilogue, ...], inputs: tuple[fx.Node, ...], out: A
 
 
 def _dtype(t: Any) -> str:
-    from tritune.kernels.frontend.ops import DTYPE_NAMES
-
     return DTYPE_NAMES.get(str(t.dtype), "")
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+# first_line is also kept importable from here for one release: tuner modules import it from extract
+from tritune.errors import first_line
 from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.gated.expr import Gated
 from tritune.kernels.wide.expr import Wide
@@ -71,8 +73,3 @@ def _count(matches: Sequence[Any]) -> list[ModelTask]:
         order[m.expr.key] = ModelTask(m.expr, (seen.count if seen else 0) + 1, unfused)
     return list(order.values())
 
-
-def first_line(exc: BaseException) -> str:
-    """'TypeName: first line of the message' (user code raises anything; one line is what we show)."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"

@@ -21,7 +21,7 @@ from tritune.kernels.epilogue import BiasAdd, Binary, Gelu, Scale, Unary
 from tritune.kernels.expr import ExprError
 from tritune.kernels.frontend.epilogue_match import (ALIASES, MAX_NODES, VIEWS, Scope, follow, is_view_of, static,
                                                      val, written)
-from tritune.kernels.frontend.ops import DTYPE_NAMES, contraction_expr, layout_of
+from tritune.kernels.frontend.helpers import DTYPE_NAMES, contraction_expr, layout_of
 from tritune.kernels.gated.expr import Gated
 from tritune.kernels.wide.expr import MAX_WEIGHTS, Wide
 

@@ -19,12 +19,13 @@ from tritune.kernels.contraction.launch import DEFAULT, problem_of
 from tritune.kernels.device import device_info
 from tritune.kernels.family import device_key, family
 from tritune.kernels.epilogue import BiasAdd, Epilogue
-from tritune.kernels.expr import DTYPES, ExprError, torch_dtype
+from tritune.kernels.expr import ExprError
+# the shared helpers and history_of (homes: helpers.py, records/dispatch.py) are kept importable
+# from here for one release: scripts and users import ops.DTYPE_NAMES and ops.contraction_expr
+from tritune.kernels.frontend.helpers import DTYPE_NAMES, contraction_expr, input_problem, layout_of  # noqa: F401
 from tritune.records import dispatch
+from tritune.records.dispatch import history_of
 from tritune.schedules.config import Config
-from tritune.settings import SETTINGS
-
-DTYPE_NAMES = {str(torch_dtype(name)): name for name in DTYPES}  # "torch.float16" -> "fp16"
 
 
 @dataclass(frozen=True)
@@ -50,45 +51,7 @@ class _Entry(NamedTuple):
 
 
 _entries: dict[tuple, _Entry] = {}
-_histories: dict[Any, dispatch.HistoryBest] = {}
 _warned: set[str] = set()
-
-
-def layout_of(t: Any) -> bool | None:
-    """True when a matrix operand is stored transposed (unit stride on its rows), False when row-major,
-    None when neither of its last two strides is 1 (the kernels need one of the two).
-    """
-    rows, cols = t.stride()[-2:]
-    return False if cols == 1 else True if rows == 1 else None
-
-
-def contraction_expr(a: Any, b: Any, epilogue: Sequence[Epilogue], allow_tf32: bool = True) -> Matmul:
-    """The Matmul computing epilogue(a @ b) for tensors (real or fake) a [B,]M,K and b [B,]K,N."""
-    if a.dim() not in (2, 3) or b.dim() not in (2, 3) or a.shape[-1] != b.shape[-2]:
-        raise ExprError(f"matmul shapes do not match: {tuple(a.shape)} @ {tuple(b.shape)}")
-    if a.dtype != b.dtype or str(a.dtype) not in DTYPE_NAMES:
-        raise ExprError(f"matmul needs two fp16, bf16 or fp32 tensors of one dtype, got {a.dtype} and {b.dtype}")
-    if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0]:
-        raise ExprError(f"batch sizes differ: {a.shape[0]} and {b.shape[0]}")
-    batch = max(a.shape[0] if a.dim() == 3 else 1, b.shape[0] if b.dim() == 3 else 1)
-    return Matmul(a.shape[-2], b.shape[-1], a.shape[-1], batch=batch, dtype=DTYPE_NAMES[str(a.dtype)],
-                  trans_a=bool(layout_of(a)), trans_b=bool(layout_of(b)), epilogue=tuple(epilogue),
-                  allow_tf32=allow_tf32)
-
-
-def input_problem(expr: Matmul, inputs: Sequence[Any], out_shape: Sequence[int]) -> str:
-    """Why `inputs` are not the extra tensors the epilogue reads for an output of `out_shape` ('' when
-    they are): a residual of the output's shape (or [M, N], shared by a batch), [M] or [N] vectors,
-    each in its Input's dtype."""
-    if len(inputs) != len(expr.inputs):
-        return f"the epilogue reads {len(expr.inputs)} extra inputs, got {len(inputs)}"
-    shapes = {"mn": (tuple(out_shape), tuple(out_shape[-2:])), "m": ((expr.m,),), "n": ((expr.n,),)}
-    for i, (t, kind) in enumerate(zip(inputs, expr.inputs)):
-        dtype = DTYPE_NAMES.get(str(t.dtype), str(t.dtype))
-        if dtype != kind.dtype or tuple(t.shape) not in shapes[kind.shape]:
-            return (f"epilogue input {i} must be {kind.dtype} of shape {shapes[kind.shape][0]}, got {dtype} "
-                    f"{tuple(t.shape)}")
-    return ""
 
 
 def _expr_of(a: Any, b: Any, bias: Any, epilogue: Sequence[Epilogue], allow_tf32: bool = True) -> Matmul:
@@ -96,24 +59,6 @@ def _expr_of(a: Any, b: Any, bias: Any, epilogue: Sequence[Epilogue], allow_tf32
     if bias is not None and not any(e.needs_bias for e in steps):
         steps = (BiasAdd(), *steps)
     return contraction_expr(a, b, steps, allow_tf32)
-
-
-def history_of(db: Any) -> dispatch.HistoryBest | None:
-    """The history of `db` (a path or a HistoryBest), else the active context, else the default database."""
-    if db is None:
-        return dispatch.current() or _default()
-    if isinstance(db, dispatch.HistoryBest):
-        return db
-    if db not in _histories:
-        _histories[db] = dispatch.HistoryBest(db)
-    return _histories[db]
-
-
-def _default() -> dispatch.HistoryBest | None:
-    # opened once the file exists; until then each call checks (and runs untuned defaults anyway)
-    if None not in _histories and SETTINGS.db_path.exists():
-        _histories[None] = dispatch.HistoryBest(SETTINGS.db_path)
-    return _histories.get(None)
 
 
 def choose(expr: Matmul, history: dispatch.HistoryBest | None, device_index: int = 0) -> Choice:

@@ -33,7 +33,7 @@ from tritune.kernels.contraction import launch
 from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.contraction.family import MATMUL
 from tritune.kernels.device import current_sms, interpreted
-from tritune.kernels.frontend.ops import DTYPE_NAMES, input_problem, layout_of
+from tritune.kernels.frontend.helpers import DTYPE_NAMES, input_problem, layout_of
 from tritune.kernels.gated import launch as gated_launch
 from tritune.kernels.gated.expr import Gated
 from tritune.kernels.gated.family import GATED
