@@ -16,7 +16,6 @@ import hashlib
 import importlib
 import json
 import logging
-import operator
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -28,11 +27,12 @@ from tritune.errors import first_line
 from tritune.kernels.device import device_info
 from tritune.kernels.family import device_key
 from tritune.kernels.frontend import graph
+from tritune.kernels.frontend.rewrites import GraphEdit
 from tritune.records import dispatch
 
 log = logging.getLogger("tritune.compiler")
 _logged: set[str] = set()
-Matched = graph.Match | graph.GatedMatch | graph.WideMatch  # a site a compiled graph may run a tuned kernel for
+Matched = graph.Matched  # a site a compiled graph may run a tuned kernel for (tuned_op.KINDS: each kind's)
 
 
 def compiler(db: Any = None, *, fallback: str | Callable = "inductor", mode: str | None = None,
@@ -190,96 +190,31 @@ class Backend:
 def _resolve(history: Any, site: Matched, info: dict) -> list[tuple[Matched, str, Any]]:
     """(site, kind, best config) of a site: 'tuned' (a tritune kernel won), 'library' or 'miss';
     where a gated pair's or wide group's kernel does not run, also its contractions that have records."""
+    from tritune.kernels.frontend import tuned_op  # its import needs a torch that defines triton ops
+
     def kind(expr: Any) -> tuple[str, Any]:
         config = None if history is None else history.best(expr.key, device_key(info, expr.op))
         return ("miss" if config is None else "library" if config.library is not None else "tuned"), config
 
     found = [(site, *kind(site.expr))]
-    if isinstance(site, (graph.GatedMatch, graph.WideMatch)) and found[0][1] != "tuned":
-        found += [(p, *kind(p.expr)) for p in site.projections]
-        found = found[:1] + [f for f in found[1:] if f[1] != "miss"]  # the group's own record covers them
+    if found[0][1] != "tuned":
+        members = [(p, *kind(p.expr)) for p in tuned_op.kind_of(site).members(site)]
+        found += [f for f in members if f[1] != "miss"]  # the group's own record covers them
     return found
 
 
 def rewrite(gm: fx.GraphModule, hits: list[tuple[Matched, str]]) -> None:
     """Replace each matched site (a contraction and its fused epilogue, a gated pair, or a wide
-    group) by one call of its tuned op (its spec)."""
-    g, replaced = gm.graph, {}
+    group) by one call of its tuned op (its spec), as its kind rewrites it."""
+    from tritune.kernels.frontend import tuned_op  # its import needs a torch that defines triton ops
 
-    def get(node: Any) -> Any:
-        return replaced.get(node, node)
-
+    edit = GraphEdit(gm.graph)
     for m, spec in hits:
-        if isinstance(m, graph.WideMatch):
-            _rewrite_wide(g, m, spec, get, replaced)
-            continue
-        with g.inserting_before(m.last):
-            call = _gated_call if isinstance(m, graph.GatedMatch) else _matmul_call
-            _stand_in(g, m, call(g, m, spec, get), replaced)
-    g.eliminate_dead_code()
-    g.lint()
+        kind = tuned_op.kind_of(m)
+        kind.rewrite(edit, m, spec, kind.op)
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
     gm.recompile()
-
-
-def _stand_in(g: fx.Graph, m: graph.Match | graph.GatedMatch, fused: fx.Node, replaced: dict) -> None:
-    """Let `fused`, the value of `m`'s contraction with its epilogue, replace `m.last` (viewed to
-    its shape where the epilogue went through views); inserted where the graph's cursor is."""
-    fused.meta["val"] = out = graph.val(m.node)
-    if graph.val(m.last).shape != out.shape:
-        fused = g.call_function(torch.ops.aten.view.default, (fused, list(graph.val(m.last).shape)))
-        fused.meta["val"] = graph.val(m.last)
-    m.last.replace_all_uses_with(fused)
-    replaced[m.last] = fused
-
-
-def _rewrite_wide(g: fx.Graph, m: graph.WideMatch, spec: str, get: Callable, replaced: dict) -> None:
-    """torch.ops.tritune.wide(x, [w...], [b...], spec) in the first projection's place, each of its
-    outputs replacing one projection; later projections' weights (views of parameters) move up."""
-    from tritune.kernels.frontend import tuned_op
-
-    order = {n: i for i, n in enumerate(g.nodes)}
-
-    def before(node: fx.Node) -> fx.Node:
-        # graph.find checked that a node after the first projection is views of nodes before it
-        # or of parameters; a node this rewrite added stands where the one it replaced was
-        if order.get(node, -1) < order[m.node]:
-            return node
-        return g.node_copy(node, lambda n: before(get(n)))
-
-    with g.inserting_before(m.node):
-        ws = [before(get(p.b)) for p in m.projections]
-        bs = [_shaped(g, before(get(p.bias)), graph.val(p.bias), [p.expr.n]) for p in m.projections
-              if p.bias is not None]
-        call = g.call_function(tuned_op.WIDE_OP, (get(m.x), ws, bs, spec))
-        call.meta["val"] = [graph.val(p.node) for p in m.projections]
-        for i, p in enumerate(m.projections):
-            _stand_in(g, p, g.call_function(operator.getitem, (call, i)), replaced)
-
-
-def _matmul_call(g: fx.Graph, m: graph.Match, spec: str, get: Callable) -> fx.Node:
-    """torch.ops.tritune.matmul(a, b, bias, inputs, spec), the bias and inputs shaped as it takes them."""
-    from tritune.kernels.frontend import tuned_op
-
-    expr, out = m.expr, graph.val(m.node)
-    shapes = {"mn": list(out.shape), "m": [expr.m], "n": [expr.n]}
-    bias = None if m.bias is None else _shaped(g, get(m.bias), graph.val(m.bias), [expr.n])
-    inputs = [_shaped(g, get(n), graph.val(n), shapes[kind.shape]) for n, kind in zip(m.inputs, expr.inputs)]
-    return g.call_function(tuned_op.OP, (get(m.a), get(m.b), bias, inputs, spec))
-
-
-def _gated_call(g: fx.Graph, m: graph.GatedMatch, spec: str, get: Callable) -> fx.Node:
-    """torch.ops.tritune.gated(x, w1, w2, b1, b2, spec), the biases as [N] vectors."""
-    from tritune.kernels.frontend import tuned_op
-
-    b1, b2 = (None if b is None else _shaped(g, get(b), graph.val(b), [m.expr.n]) for b in (m.b1, m.b2))
-    return g.call_function(tuned_op.GATED_OP, (get(m.x), get(m.w1), get(m.w2), b1, b2, spec))
-
-
-def _shaped(g: fx.Graph, node: fx.Node, value: Any, shape: list[int]) -> fx.Node:
-    """`node` reshaped to `shape` (itself where it has that shape already)."""
-    if list(value.shape) == shape:
-        return node
-    return g.call_function(torch.ops.aten.reshape.default, (node, shape))
 
 
 def graph_signature(gm: fx.GraphModule, hits: list[tuple[Matched, str]]) -> str:

@@ -92,6 +92,9 @@ class WideMatch:
         return ", ".join(p.unfused for p in self.projections if p.unfused)
 
 
+Matched = Match | GatedMatch | WideMatch  # every kind of site `find` returns
+
+
 def aten_graph(fn: Callable, args: Sequence[Any], fake_mode: Any = None) -> fx.GraphModule:
     """`fn(*args)` traced to the ATen normal form on fake tensors (nothing is computed)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -112,7 +115,7 @@ def tf32_allowed() -> bool:
     return torch.get_float32_matmul_precision() != "highest"
 
 
-def find(gm: fx.GraphModule, allow_tf32: bool = True) -> list[Match | GatedMatch | WideMatch]:
+def find(gm: fx.GraphModule, allow_tf32: bool = True) -> list[Matched]:
     """Every site of the graph a tritune kernel can compute, in graph order: contractions (a later
     one does not fuse ops an earlier one already did), gated pairs and wide groups, which carry
     the matches of their contractions instead of listing them."""
@@ -124,7 +127,7 @@ def find(gm: fx.GraphModule, allow_tf32: bool = True) -> list[Match | GatedMatch
         if n.target in CONTRACTIONS and (m := _match(n, allow_tf32, Scope(n, order, claimed))) is not None:
             matches[n] = m
             claimed |= m.nodes
-    sites: dict[fx.Node, Match | GatedMatch | WideMatch] = {}
+    sites: dict[fx.Node, Matched] = {}
     for n in calls:
         if n.target == A.mul.Tensor and (g := _gated(n, order, allow_tf32)) is not None:
             pair = tuple(matches.pop(p) for p in (g.node, g.up) if p in matches)

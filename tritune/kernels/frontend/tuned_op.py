@@ -7,7 +7,11 @@
     torch.ops.tritune.wide(x, ws, bs, spec)              [x @ w_i (+ b_i) for each w_i], the [K, N_i]
                                                          operands; bs empty without biases
 
-Each is a `torch.library.triton_op`: when torch.compile traces it, its body becomes a launch of the
+Each kind of site (a contraction with its epilogue, a gated pair, a wide group) is one `SiteKind`
+of `KINDS`: its match, how the graph is rewritten for it, its replay site and its op. A new fused
+pattern is one more entry (and its functions), not a branch in the backend.
+
+Each op is a `torch.library.triton_op`: when torch.compile traces it, its body becomes a launch of the
 tuned Triton kernel in Inductor's own generated code (Inductor compiles it with its other kernels,
 plans its buffers, and launches it without Python per call, under CUDA graphs too); called eagerly
 it launches the kernel through Triton's JIT. `spec` (a string, so that Inductor's caches carry it)
@@ -22,8 +26,9 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import torch
 from torch.library import triton_op, wrap_triton
@@ -33,6 +38,7 @@ from tritune.kernels.contraction import launch
 from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.contraction.family import MATMUL
 from tritune.kernels.device import current_sms, interpreted
+from tritune.kernels.frontend import graph, rewrites
 from tritune.kernels.frontend.helpers import DTYPE_NAMES, input_problem, layout_of
 from tritune.kernels.gated import launch as gated_launch
 from tritune.kernels.gated.expr import Gated
@@ -213,15 +219,12 @@ class WideSite(_OneKernel):
 
 
 @lru_cache(maxsize=None)
-def site(spec: str) -> Site | GatedSite | WideSite:
-    """The call site of a spec (its kernel source generated and loaded once)."""
+def site(spec: str) -> Any:
+    """The replay site of a spec (its kernel source generated and loaded once)."""
     data = json.loads(spec)
-    config, op = Config.of(data["config"]), data["expr"].get("op")
-    if op == Gated.op:
-        return GatedSite(Gated.from_dict(data["expr"]), config)
-    if op == Wide.op:
-        return WideSite(Wide.from_dict(data["expr"]), config)
-    return Site(Matmul.from_dict(data["expr"]), config)
+    # a spec of no kind's op is the contraction's: its from_dict says what the spec is not
+    kind = _BY_OP.get(data["expr"].get("op"), CONTRACTION)
+    return kind.site(kind.expr.from_dict(data["expr"]), Config.of(data["config"]))
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], inputs: list[torch.Tensor],
@@ -241,20 +244,66 @@ def wide(x: torch.Tensor, ws: list[torch.Tensor], bs: list[torch.Tensor], spec: 
     return site(spec)(x, ws, bs)
 
 
-if interpreted():
-    # The interpreter's kernels cannot be traced into Inductor's code (they are not JIT functions):
-    # on a CPU the ops stay opaque and run them eagerly, so the rest of the route is testable there.
-    torch.library.custom_op("tritune::matmul", matmul, mutates_args=())
-    torch.library.register_fake("tritune::matmul", lambda a, b, bias, inputs, spec: site(spec).empty_out(a, b))
-    torch.library.custom_op("tritune::gated", gated, mutates_args=())
-    torch.library.register_fake("tritune::gated", lambda x, w1, w2, b1, b2, spec: x.new_empty(
-        (site(spec).expr.m, site(spec).expr.n)))
-    torch.library.custom_op("tritune::wide", wide, mutates_args=())
-    torch.library.register_fake("tritune::wide", lambda x, ws, bs, spec: site(spec).empty_outs(x))
-else:
-    triton_op("tritune::matmul", matmul, mutates_args=())
-    triton_op("tritune::gated", gated, mutates_args=())
-    triton_op("tritune::wide", wide, mutates_args=())
-OP = torch.ops.tritune.matmul.default
-GATED_OP = torch.ops.tritune.gated.default
-WIDE_OP = torch.ops.tritune.wide.default
+@dataclass(frozen=True)
+class SiteKind:
+    """One kind of site a compiled graph runs a tuned kernel for, all of it in one record: the
+    graph's match of it, the expression its specs hold, the contractions it stands for, how the
+    graph is rewritten to call its op, the replay site a spec loads, and the op itself."""
+
+    match: type  # what graph.find returns for it
+    expr: type  # its expression; `expr.op` names the op (torch.ops.tritune.<op>) and tags its specs
+    members: Callable[[Any], tuple]  # the contractions that are sites of their own where its kernel does not run
+    rewrite: Callable[..., None]  # rewrites.<kind>(edit, match, spec, op): one call of the op in the match's place
+    site: type  # the replay site of one spec
+    body: Callable  # the op's body (typed: torch.library reads the op's schema from it)
+    fake: Callable  # its outputs on fake tensors (where the op stays opaque to tracing)
+
+    @property
+    def name(self) -> str:
+        """The op's qualified name, e.g. 'tritune::matmul'."""
+        return f"tritune::{self.expr.op}"
+
+    @property
+    def op(self) -> Any:
+        """The registered op, as a graph node calls it."""
+        return getattr(torch.ops.tritune, self.expr.op).default
+
+
+def _projections(m: Any) -> tuple:
+    """A gated pair's or wide group's own contraction matches."""
+    return m.projections
+
+
+CONTRACTION = SiteKind(match=graph.Match, expr=Matmul, members=lambda m: (), rewrite=rewrites.contraction,
+                       site=Site, body=matmul, fake=lambda a, b, bias, inputs, spec: site(spec).empty_out(a, b))
+KINDS = (
+    CONTRACTION,
+    SiteKind(match=graph.GatedMatch, expr=Gated, members=_projections, rewrite=rewrites.gated,
+             site=GatedSite, body=gated,
+             fake=lambda x, w1, w2, b1, b2, spec: x.new_empty((site(spec).expr.m, site(spec).expr.n))),
+    SiteKind(match=graph.WideMatch, expr=Wide, members=_projections, rewrite=rewrites.wide,
+             site=WideSite, body=wide, fake=lambda x, ws, bs, spec: site(spec).empty_outs(x)),
+)
+_BY_OP = {kind.expr.op: kind for kind in KINDS}
+_BY_MATCH = {kind.match: kind for kind in KINDS}
+
+
+def kind_of(m: Any) -> SiteKind:
+    """The kind of a site graph.find returned."""
+    return _BY_MATCH[type(m)]
+
+
+def _register(kind: SiteKind) -> None:
+    """Define a kind's op: a triton_op, or on the interpreter an opaque custom op."""
+    if interpreted():
+        # The interpreter's kernels cannot be traced into Inductor's code (they are not JIT functions):
+        # on a CPU the ops stay opaque and run them eagerly, so the rest of the route is testable there.
+        torch.library.custom_op(kind.name, kind.body, mutates_args=())
+        torch.library.register_fake(kind.name, kind.fake)
+    else:
+        triton_op(kind.name, kind.body, mutates_args=())
+
+
+for _kind in KINDS:
+    _register(_kind)
+OP, GATED_OP, WIDE_OP = (kind.op for kind in KINDS)

@@ -1,0 +1,82 @@
+"""How a compiled graph's tuned sites become calls of their ops: one function per kind of site
+(`tuned_op.KINDS` says which kind takes which), each inserting one call of the kind's op that
+replaces the values the site computed. The backend's `compiler.rewrite` drives them."""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from tritune.kernels.frontend import graph
+
+
+class GraphEdit:
+    """A graph being rewritten site by site, and which node now stands for each value replaced so
+    far (a later site may read an earlier one's output)."""
+
+    def __init__(self, g: fx.Graph) -> None:
+        self.graph, self.replaced = g, {}
+
+    def get(self, node: Any) -> Any:
+        """The node that now computes `node`'s value (itself unless replaced)."""
+        return self.replaced.get(node, node)
+
+    def stand_in(self, m: graph.Match | graph.GatedMatch, fused: fx.Node) -> None:
+        """Let `fused`, the value of `m`'s contraction with its epilogue, replace `m.last` (viewed to
+        its shape where the epilogue went through views); inserted where the graph's cursor is."""
+        fused.meta["val"] = out = graph.val(m.node)
+        if graph.val(m.last).shape != out.shape:
+            fused = self.graph.call_function(torch.ops.aten.view.default, (fused, list(graph.val(m.last).shape)))
+            fused.meta["val"] = graph.val(m.last)
+        m.last.replace_all_uses_with(fused)
+        self.replaced[m.last] = fused
+
+    def shaped(self, node: fx.Node, value: Any, shape: list[int]) -> fx.Node:
+        """`node` reshaped to `shape` (itself where it has that shape already)."""
+        if list(value.shape) == shape:
+            return node
+        return self.graph.call_function(torch.ops.aten.reshape.default, (node, shape))
+
+
+def contraction(edit: GraphEdit, m: graph.Match, spec: str, op: Any) -> None:
+    """op(a, b, bias, inputs, spec) in place of the contraction and its fused epilogue, the bias and
+    inputs shaped as the op takes them."""
+    get, expr, out = edit.get, m.expr, graph.val(m.node)
+    shapes = {"mn": list(out.shape), "m": [expr.m], "n": [expr.n]}
+    with edit.graph.inserting_before(m.last):
+        bias = None if m.bias is None else edit.shaped(get(m.bias), graph.val(m.bias), [expr.n])
+        inputs = [edit.shaped(get(n), graph.val(n), shapes[kind.shape]) for n, kind in zip(m.inputs, expr.inputs)]
+        edit.stand_in(m, edit.graph.call_function(op, (get(m.a), get(m.b), bias, inputs, spec)))
+
+
+def gated(edit: GraphEdit, m: graph.GatedMatch, spec: str, op: Any) -> None:
+    """op(x, w1, w2, b1, b2, spec) in place of the gated pair's product, the biases as [N] vectors."""
+    get = edit.get
+    with edit.graph.inserting_before(m.last):
+        b1, b2 = (None if b is None else edit.shaped(get(b), graph.val(b), [m.expr.n]) for b in (m.b1, m.b2))
+        edit.stand_in(m, edit.graph.call_function(op, (get(m.x), get(m.w1), get(m.w2), b1, b2, spec)))
+
+
+def wide(edit: GraphEdit, m: graph.WideMatch, spec: str, op: Any) -> None:
+    """op(x, [w...], [b...], spec) in the first projection's place, each of its outputs replacing
+    one projection; later projections' weights (views of parameters) move up."""
+    g, get = edit.graph, edit.get
+    order = {n: i for i, n in enumerate(g.nodes)}
+
+    def before(node: fx.Node) -> fx.Node:
+        # graph.find checked that a node after the first projection is views of nodes before it
+        # or of parameters; a node this rewrite added stands where the one it replaced was
+        if order.get(node, -1) < order[m.node]:
+            return node
+        return g.node_copy(node, lambda n: before(get(n)))
+
+    with g.inserting_before(m.node):
+        ws = [before(get(p.b)) for p in m.projections]
+        bs = [edit.shaped(before(get(p.bias)), graph.val(p.bias), [p.expr.n]) for p in m.projections
+              if p.bias is not None]
+        call = g.call_function(op, (get(m.x), ws, bs, spec))
+        call.meta["val"] = [graph.val(p.node) for p in m.projections]
+        for i, p in enumerate(m.projections):
+            edit.stand_in(p, g.call_function(operator.getitem, (call, i)))
