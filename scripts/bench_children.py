@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from tritune.tuner.model_check import in_turns, outputs_rel_error
+from tritune.tuner.model.check import in_turns, outputs_rel_error
 
 HERE = Path(__file__).resolve().parent
 SHAPES = {"prefill": (1, 2048), "decode": (16, 1)}  # (batch, tokens)

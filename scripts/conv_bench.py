@@ -4,10 +4,10 @@ channels_last) on the same inputs, in one run; prints a compact table last and w
 Usage: python scripts/conv_bench.py [--trials 48] [--dtype fp16] [--layers 0,1,..] [--out DIR]
 
 Tuning is `tune-cli run`'s, one layer after the other on one GPU worker and compile pool
-(`tritune.tuner.session.tune_all`; fresh database in --out, `sa` warm-started from the layers
+(`tritune.tuner.run.tune_all`; fresh database in --out, `sa` warm-started from the layers
 tuned before). The final comparison runs in this process: each round
 times ours, cuDNN with its default heuristics and cuDNN with `cudnn.benchmark=True` (its own
-autotuning) in turns on the same tensors (`tritune.tuner.measure.in_turns`); medians of the rounds.
+autotuning) in turns on the same tensors (`tritune.tuner.worker.candidate.in_turns`); medians of the rounds.
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from tritune.kernels.conv.expr import Conv2d
 from tritune.kernels.family import family
 from tritune.records.database import Database
 from tritune.schedules.config import Config
-from tritune.tuner.measure import COMPARE, in_turns, rel_error
-from tritune.tuner.session import TuneOptions, tune_all
+from tritune.tuner.worker.candidate import COMPARE, in_turns, rel_error
+from tritune.tuner.run import TuneOptions, tune_all
 
 # (name, N, H, W, C, K, R, S, stride, padding): ResNet-50-like layers at batch 32
 LAYERS = (

@@ -19,7 +19,7 @@ import torch
 
 import tritune
 from tritune.kernels.family import family, parse_expr
-from tritune.tuner.measure import Timing, in_turns, rel_error
+from tritune.tuner.worker.candidate import Timing, in_turns, rel_error
 
 
 def mm_every_backend(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -205,7 +205,7 @@ def time_block(args: argparse.Namespace, block: str, out: Path) -> dict:
     import torch
     from bench_children import first_line, seed_defaults
 
-    from tritune.tuner.model_check import in_turns, outputs_rel_error
+    from tritune.tuner.model.check import in_turns, outputs_rel_error
 
     import tritune
 
@@ -277,7 +277,7 @@ def phase_models(args: argparse.Namespace, out: Path, results: dict) -> None:
 
 def speedup(rows: dict, ours: str, theirs: str) -> float | None:
     """theirs / ours, the median over rounds of the two times taken in the same round."""
-    from tritune.tuner.model_check import paired_ratio
+    from tritune.tuner.model.check import paired_ratio
 
     a, b = rows.get(ours, {}).get("rounds_ms"), rows.get(theirs, {}).get("rounds_ms")
     return 1 / paired_ratio(a, b) if a and b else None

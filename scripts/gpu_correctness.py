@@ -39,9 +39,9 @@ from tritune.records.result import Status
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits
 from tritune.tuner.builder import Builder
-from tritune.tuner.measure import Timing, match_precision, rel_error
-from tritune.tuner.runner import Runner
-from tritune.tuner.session import device_target
+from tritune.tuner.worker.candidate import Timing, match_precision, rel_error
+from tritune.tuner.worker.local import Runner
+from tritune.tuner.run import device_target
 
 SHAPES = [(1, 1, 4096, 4096), (1, 37, 29, 53), (3, 129, 257, 67), (2, 1000, 1, 300), (1, 3000, 5000, 1000)]
 EPILOGUES = [(), (BiasAdd(),), (Scale(0.125),), (Relu(),), (Gelu(),), (Gelu("tanh"),),

@@ -9,7 +9,7 @@ import argparse
 
 from tritune.records.database import Database
 from tritune.records.result import DeviceKey
-from tritune.tuner.recorded import Recording
+from tritune.tuner.recordings import Recording
 
 
 def load(db: Database, path: str) -> int:

@@ -14,7 +14,7 @@ import torch
 
 from tritune.kernels.family import family, parse_expr
 from tritune.schedules.config import Config
-from tritune.tuner.measure import COMPARE, time_fn
+from tritune.tuner.worker.candidate import COMPARE, time_fn
 
 
 def read_flush_median(fn, reps: int = 200) -> float:

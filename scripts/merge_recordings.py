@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from tritune.tuner.recorded import read_lines, write_lines
+from tritune.tuner.recordings import read_lines, write_lines
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Never slower than torch.compile: the zoo's architectures (scripts/zoo.py, random weights) at a
+"""Never slower than torch.compile: the zoo's architectures (tritune/tuner/model/zoo.py, random weights) at a
 prefill shape (1, 2048, hidden) and a decode shape (16, 1, hidden); Inductor's default,
 max-autotune and reduce-overhead against tritune's backend, alone and over CUDA graphs.
 
@@ -46,7 +46,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench_children import SHAPES, hidden_of
-from tritune.tuner.model_check import paired_ratio
+from tritune.tuner.model.check import paired_ratio
 
 HERE = Path(__file__).resolve().parent
 MODELS = ("llama", "gpt2", "bert")
@@ -63,7 +63,7 @@ TARGETS = (("tritune", "default", "latency", 1.0), ("tritune-ro", "reduce-overhe
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="directory for the database, logs and model_bench.json")
-    p.add_argument("--models", default=",".join(MODELS), help="comma-separated factories of scripts/zoo.py")
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated factories of tritune/tuner/model/zoo.py")
     p.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated: " + ", ".join(SHAPES))
     p.add_argument("--phases", default=",".join(PHASES), help="comma-separated: " + ", ".join(PHASES))
     p.add_argument("--db", default=None, help="tuning database [default: OUT/tuning.db]")
@@ -159,10 +159,10 @@ def phase_tune(args: argparse.Namespace, out: Path, results: dict) -> None:
 
 
 def factory_spec(args: argparse.Namespace, out: Path, model: str) -> str:
-    """scripts/zoo.py:MODEL, or with --hidden a file in OUT whose factories pass it (tune-model calls
+    """tritune/tuner/model/zoo.py:MODEL, or with --hidden a file in OUT whose factories pass it (tune-model calls
     a factory without arguments)."""
     if not args.hidden:
-        return f"scripts/zoo.py:{model}"
+        return f"tritune/tuner/model/zoo.py:{model}"
     path = out / f"zoo_hidden{args.hidden}.py"
     path.write_text(f"import sys\nsys.path.insert(0, {str(HERE)!r})\nimport zoo\n\n\n"
                     + "".join(f"def {m}():\n    return zoo.{m}(hidden={args.hidden})\n\n\n" for m in MODELS))

@@ -15,9 +15,9 @@ import numpy as np
 
 from tritune.kernels.family import expr_from_dict, family
 from tritune.schedules.config import Config
-from tritune.tuner.measure import Timing
-from tritune.tuner.recorded import read_lines, write_lines
-from tritune.tuner.session import start_gpu
+from tritune.tuner.worker.candidate import Timing
+from tritune.tuner.recordings import read_lines, write_lines
+from tritune.tuner.run import start_gpu
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ import tritune
 from tritune.kernels.contraction.launch import Kernel, problem_of
 from tritune.kernels.expr import torch_dtype
 from tritune.kernels.family import family, parse_expr
-from tritune.tuner.measure import COMPARE, rel_error, time_fn
+from tritune.tuner.worker.candidate import COMPARE, rel_error, time_fn
 
 
 def host_us_per_call(fn, calls: int = 400) -> float:

@@ -5,7 +5,7 @@ and writes JSON.
 Usage: python scripts/rows_bench.py [--trials 48] [--dtype fp16] [--only 0,2] [--rounds 3] [--out DIR]
 
 Tuning is `tune-cli run`'s, one workload after the other on one GPU worker and compile pool
-(`tritune.tuner.session.tune_all`; a fresh database in --out, `sa` warm-started from the workloads
+(`tritune.tuner.run.tune_all`; a fresh database in --out, `sa` warm-started from the workloads
 tuned before). The comparison then runs in this process: each round times ours, eager and compiled
 alternately with triton.testing.do_bench (L2 flushed before every run); medians of the rounds.
 Bandwidth counts the bytes each op must move: read x, write y (and the layernorm weight and bias).
@@ -26,8 +26,8 @@ from tritune.kernels.family import Operands, family
 from tritune.kernels.rows.expr import LayerNorm, RowOp, Softmax
 from tritune.records.database import Database
 from tritune.schedules.config import Config
-from tritune.tuner.measure import COMPARE, in_turns, rel_error
-from tritune.tuner.session import TuneOptions, tune_all
+from tritune.tuner.worker.candidate import COMPARE, in_turns, rel_error
+from tritune.tuner.run import TuneOptions, tune_all
 
 # (op, M, N): a 4k-vocabulary/attention-like softmax, many short rows, a GPT-2 vocabulary (odd N),
 # transformer hidden sizes for layernorm

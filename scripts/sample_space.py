@@ -15,8 +15,8 @@ import numpy as np
 
 from tritune.kernels.contraction.launch import canonical_problem
 from tritune.kernels.family import parse_expr
-from tritune.tuner.measure import Timing
-from tritune.tuner.session import device_task, start_gpu
+from tritune.tuner.worker.candidate import Timing
+from tritune.tuner.run import device_task, start_gpu
 
 
 def main() -> None:

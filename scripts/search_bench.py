@@ -29,15 +29,15 @@ from tritune.tuner.tuner import Tuner
 def environment(args):
     """(task, builder, runner, torch_ms, close) for a live GPU or a recording."""
     if args.recorded:
-        from tritune.tuner.recorded import Recording, RecordedBuilder, RecordedRunner
+        from tritune.tuner.recordings import Recording, RecordedBuilder, RecordedRunner
 
         rec = Recording.load(args.recorded)
         task = rec.task(DeviceKey(rec.device["gpu"], rec.device["capability"], rec.device["triton"],
                                   rec.device["torch"], "recorded"))
         return task, RecordedBuilder(), RecordedRunner(rec), rec.torch_ms, lambda: None
     from tritune.kernels.family import parse_expr
-    from tritune.tuner.measure import Timing
-    from tritune.tuner.session import device_task, start_gpu
+    from tritune.tuner.worker.candidate import Timing
+    from tritune.tuner.run import device_task, start_gpu
 
     runner, builder = start_gpu(Timing(args.warmup_ms, args.rep_ms))
     task = device_task(parse_expr("matmul", args.shape, args.dtype), runner.device_info())

@@ -17,8 +17,8 @@ from pathlib import Path
 from tritune.kernels.family import parse_expr
 from tritune.records.database import Database
 from tritune.search import make_strategy
-from tritune.tuner.measure import Timing
-from tritune.tuner.session import device_task, start_gpu
+from tritune.tuner.worker.candidate import Timing
+from tritune.tuner.run import device_task, start_gpu
 from tritune.tuner.tuner import Tuner
 
 

@@ -19,8 +19,8 @@ import numpy as np
 from tritune.kernels.device import device_info
 from tritune.kernels.family import family, parse_expr
 from tritune.tuner.builder import Builder
-from tritune.tuner.measure import Timing, quantiles, rel_error, runs_for, seed_for, timed_runs, warm_up
-from tritune.tuner.session import device_limits, device_target, device_task
+from tritune.tuner.worker.candidate import Timing, quantiles, rel_error, runs_for, seed_for, timed_runs, warm_up
+from tritune.tuner.run import device_limits, device_target, device_task
 
 LONG_RUNS = 400  # the long timing every config is compared with
 

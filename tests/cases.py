@@ -1,7 +1,7 @@
 """Run one candidate of any op family under the interpreter and check it against float64."""
 from tritune.kernels.family import family
 from tritune.schedules.config import Config
-from tritune.tuner.measure import rel_error
+from tritune.tuner.worker.candidate import rel_error
 
 
 def run_case(expr, config: Config, seed: int = 0, kernel_expr=None) -> tuple[float, float]:

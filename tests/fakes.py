@@ -1,6 +1,8 @@
 """A builder and runner that replay a fixed table of outcomes, so the tuning loop runs without a GPU."""
 from tritune.records.result import MeasureResult, Status
+from tritune.tuner.breakdown import Stopwatch
 from tritune.tuner.builder import BuildResult
+from tritune.tuner.worker.protocol import OneRunner
 
 
 class DoneFuture:
@@ -14,8 +16,11 @@ class DoneFuture:
 class FakeBuilder:
     """Fails to compile configs whose BLOCK_K is 128 (a stand-in for a compiler error); builds faults."""
 
+    workers = 1
+
     def __init__(self):
         self.built = []
+        self.watch = Stopwatch()
 
     def start(self, target, shared_limit=0):
         pass
@@ -39,11 +44,20 @@ class FakeBuilder:
         pass
 
 
-class FakeRunner:
+class FakeRunner(OneRunner):
     """Times a config as a deterministic function of its knobs; some configs fail at run time."""
+
+    name = "fake:0"
 
     def __init__(self):
         self.measured = []
+        self.watch = Stopwatch()
+
+    def device_info(self):
+        return {"gpu": "fake", "capability": "9.0"}
+
+    def head_to_head(self, expr, config):
+        return fake_head_to_head({})
 
     def measure(self, expr, config, compile_s=0.0, best_ms=None):
         self.measured.append(config)
@@ -96,8 +110,8 @@ def fake_gpu_session(monkeypatch, builder=AllBuild):
     from functools import partial
 
     import fake_worker
-    from tritune.tuner import session
-    from tritune.tuner.runner import Runner
+    from tritune.tuner.gpus import start
+    from tritune.tuner.worker.local import LocalRunner
 
-    monkeypatch.setattr(session, "Runner", partial(Runner, handlers=fake_worker.session_handlers))
-    monkeypatch.setattr(session, "Builder", lambda *args, **kwargs: builder())
+    monkeypatch.setattr(start, "LocalRunner", partial(LocalRunner, handlers=fake_worker.session_handlers))
+    monkeypatch.setattr(start, "Builder", lambda *args, **kwargs: builder())

@@ -29,16 +29,16 @@ def test_later_workloads_spaces_are_enumerated_in_the_pool_as_here():
     from tritune.kernels.contraction.expr import Matmul
     from tritune.records.result import DeviceKey
     from tritune.schedules.space import Limits
-    from tritune.tuner import session
-    from tritune.tuner.tuner import Task
+    from tritune.tuner import run as tuning
+    from tritune.tuner.task import Task
 
     tasks = [Task(Matmul(m, 256, 512), DeviceKey("G", "9.0", "-", "-", "-"), Limits.for_capability(9, 0))
              for m in (64, 200)]
     builder = Builder(workers=1)
     try:
-        futures = session._enumerate_ahead(tasks, builder)
+        futures = tuning._enumerate_ahead(tasks, builder)
         for task, future in zip(tasks, futures):
-            session._take_valid(task, future)
+            tuning._take_valid(task, future)
             assert "valid_indices" in task.space.__dict__  # filled from the pool, not enumerated here
             fresh = Task(task.expr, task.device, task.limits).space.valid_indices
             assert np.array_equal(task.space.valid_indices, fresh) and len(fresh) > 100

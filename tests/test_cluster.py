@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from tritune.records.database import Database
-from tritune.tuner import session
+from tritune.tuner import run as tuning
+from tritune.tuner.gpus import start
 from tritune.tuner.cli import main, make_expr
 
 TESTS = Path(__file__).parent
@@ -84,9 +85,9 @@ def test_a_cluster_tunes_several_workloads_and_a_killed_host_loses_nothing(sched
     # convolutions: their spaces are enumerated in a fraction of a second (a matmul's takes seconds)
     exprs = [make_expr("conv2d", s, "fp16", padding="1") for s in ("8,28,28,64,64,3,3", "8,14,14,64,64,3,3",
                                                                    "4,14,14,32,64,3,3")]
-    options = session.TuneOptions(strategy="random", batch_size=4, cluster=scheduler)
+    options = start.TuneOptions(strategy="random", batch_size=4, cluster=scheduler)
     with Database(tmp_path / "t.db") as db:
-        out = session.tune_all(exprs, db, options, trials=[16, 12, 12])
+        out = tuning.tune_all(exprs, db, options, trials=[16, 12, 12])
         stored = {e.key: db.trials(e.key) for e in exprs}
     killer.join()
     assert [s["trials"] for s in out] == [16, 12, 12] and all(s["best_config"] for s in out)

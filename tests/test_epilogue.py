@@ -17,7 +17,7 @@ from tritune.kernels.epilogue import (BINARY, UNARY, Binary, BiasAdd, Clamp, Gel
 from tritune.kernels.expr import ExprError
 from tritune.kernels.pointwise import binary, parse_epilogue, unary
 from tritune.schedules.config import Config
-from tritune.tuner.measure import rel_error
+from tritune.tuner.worker.candidate import rel_error
 
 SMALL = Config.of(BLOCK_M=32, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=2, UNROLL=1)
 RES, ROW, COL = Input("mn", "fp16"), Input("m", "fp32"), Input("n", "fp16")

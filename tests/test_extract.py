@@ -101,12 +101,12 @@ def test_tune_model_shares_the_budget_and_tunes_every_workload(monkeypatch, tmp_
     import fake_worker
     from fakes import FakeBuilder
     from tritune.records.database import Database
-    from tritune.tuner import session
+    from tritune.tuner.gpus import start
     from tritune.tuner.cli import main
-    from tritune.tuner.runner import Runner
+    from tritune.tuner.worker.local import LocalRunner
 
-    monkeypatch.setattr(session, "Runner", partial(Runner, handlers=fake_worker.session_handlers))
-    monkeypatch.setattr(session, "Builder", lambda *args, **kwargs: FakeBuilder())
+    monkeypatch.setattr(start, "LocalRunner", partial(LocalRunner, handlers=fake_worker.session_handlers))
+    monkeypatch.setattr(start, "Builder", lambda *args, **kwargs: FakeBuilder())
     db = tmp_path / "t.db"
     main(["tune-model", "--model", f"{MODELS}:mlp", "--input-shape", "2,20,64", "--dtype", "fp32", "--trials", "25",
           "--strategy", "random", "--no-check", "--db", str(db)])

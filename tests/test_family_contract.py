@@ -19,7 +19,7 @@ from tritune.kernels.expr import DTYPES, ExprError
 from tritune.kernels.family import REGISTRY, expr_from_dict, family
 from tritune.kernels.faults import FAULTS
 from tritune.schedules.config import Config
-from tritune.tuner.measure import rel_error
+from tritune.tuner.worker.candidate import rel_error
 
 OPS = sorted(REGISTRY)
 

@@ -95,7 +95,7 @@ def test_gated_pairs_are_one_site_either_order_with_biases():
 
 
 def test_zoo_models_llama_gated_and_residuals_gpt2_pointwise_gelu():
-    import zoo
+    from tritune.tuner.model import zoo
 
     llama = tritune.extract_tasks(zoo.llama(hidden=64, layers=1).eval(), (torch.randn(1, 12, 64),))
     kinds = [t.expr.describe() for t in llama]
@@ -189,12 +189,12 @@ def test_tune_model_tunes_a_gated_pair_as_one_task(monkeypatch, tmp_path, capsys
     import fake_worker
     from fakes import FakeBuilder
     from tritune.records.dispatch import HistoryBest
-    from tritune.tuner import session
+    from tritune.tuner.gpus import start
     from tritune.tuner.cli import main
-    from tritune.tuner.runner import Runner
+    from tritune.tuner.worker.local import LocalRunner
 
-    monkeypatch.setattr(session, "Runner", partial(Runner, handlers=fake_worker.session_handlers))
-    monkeypatch.setattr(session, "Builder", lambda *args, **kwargs: FakeBuilder())
+    monkeypatch.setattr(start, "LocalRunner", partial(LocalRunner, handlers=fake_worker.session_handlers))
+    monkeypatch.setattr(start, "Builder", lambda *args, **kwargs: FakeBuilder())
     db = tmp_path / "t.db"
     main(["tune-model", "--model", str(Path(__file__).parent / "models.py:swiglu"), "--input-shape", "2,20,64",
           "--dtype", "fp32", "--trials", "40", "--strategy", "random", "--no-check", "--db", str(db)])
@@ -227,7 +227,7 @@ def test_tensors_written_in_place_are_no_epilogue_inputs_nor_operands(tmp_path):
 
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
 def test_zoo_models_compile_with_their_fused_sites_replayed(tmp_path, launched, name):
-    import zoo
+    from tritune.tuner.model import zoo
 
     torch.manual_seed(0)
     model, x = getattr(zoo, name)(hidden=64, layers=1).eval(), torch.randn(1, 12, 64)

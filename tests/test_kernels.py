@@ -8,7 +8,7 @@ from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.epilogue import BiasAdd, Gelu, Relu, Scale
 from tritune.kernels.expr import ExprError
 from tritune.schedules.config import Config
-from tritune.tuner.measure import rel_error
+from tritune.tuner.worker.candidate import rel_error
 
 SMALL = Config.of(BLOCK_M=32, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=2, UNROLL=2)
 EPILOGUES = {

@@ -13,7 +13,9 @@ from tritune.records.database import Database
 from tritune.records.dispatch import graph_mode
 from tritune.records.result import MeasureResult, Status
 from tritune.schedules.config import Config
-from tritune.tuner import model_check
+from tritune.tuner import timing
+from tritune.tuner.cli.display import check_table
+from tritune.tuner.model import check as model_check
 
 
 def compiled_once(db_path, model, x, **options):
@@ -70,7 +72,7 @@ def test_the_check_stores_each_measured_mode_and_reports_failures(tmp_path):
         assert [db.graph_verdict(g, device, "inductor/default") for g in ("g1", "g2")] == ["inductor"] * 2
         assert db.graph_verdict("g1", device, "inductor/reduce-overhead") == "tritune"
         assert db.graph_verdict("g1", device, "inductor/max-autotune") is None
-    table = model_check.check_table(results)
+    table = check_table(results)
     assert table.row_count == 3
 
 
@@ -86,4 +88,4 @@ def test_without_a_gpu_the_check_says_so_once_per_mode_and_stores_nothing(tmp_pa
 def test_paired_ratio_takes_each_round_as_a_pair():
     # the host slowed down in rounds 2 and 4 for both: the ratio of each pair holds
     ours, theirs = [0.9, 1.8, 0.9, 1.8, 0.9], [1.0, 2.0, 1.0, 2.0, 1.0]
-    assert abs(model_check.paired_ratio(ours, theirs) - 0.9) < 1e-12
+    assert abs(timing.paired_ratio(ours, theirs) - 0.9) < 1e-12

@@ -13,7 +13,8 @@ from tritune.records.result import DeviceKey, MeasureResult, Status
 from tritune.schedules.space import Limits
 from tritune.search import make_strategy
 from tritune.tuner.measurer import Measurer, Stopped
-from tritune.tuner.tuner import Task, Tuner
+from tritune.tuner.task import Task
+from tritune.tuner.tuner import Tuner
 
 EXPR = Matmul(1024, 1024, 1024)
 DEVICE = DeviceKey("Fake GPU", "9.0", "3.x", "2.x", "t1")

@@ -11,8 +11,9 @@ from tritune.records.database import Database
 from tritune.records.result import DeviceKey
 from tritune.search import make_strategy
 from tritune.tuner.prior import bundled_prior
-from tritune.tuner.recorded import BUNDLED, Recording, RecordedBuilder, RecordedRunner
-from tritune.tuner.tuner import Task, Tuner, best_of
+from tritune.tuner.recordings import BUNDLED, Recording, RecordedBuilder, RecordedRunner
+from tritune.tuner.task import Task, best_of
+from tritune.tuner.tuner import Tuner
 
 LEGACY = Path(__file__).parent / "fixtures" / "spaces" / "legacy"
 SEEDS = range(5)  # cold sa and random

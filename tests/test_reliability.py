@@ -18,8 +18,8 @@ import pytest
 import fake_worker
 from fakes import FakeBuilder
 from tritune.records.database import Database
-from tritune.tuner import session
-from tritune.tuner.runner import Runner
+from tritune.tuner.gpus import start
+from tritune.tuner.worker.local import LocalRunner
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
 import kill_test  # noqa: E402
@@ -83,8 +83,8 @@ def test_four_tuners_on_one_database_measure_nothing_twice(fake_gpu):
 
 @pytest.fixture
 def fake_session(monkeypatch):
-    monkeypatch.setattr(session, "Runner", partial(Runner, handlers=fake_worker.session_handlers))
-    monkeypatch.setattr(session, "Builder", lambda *args, **kwargs: FakeBuilder())
+    monkeypatch.setattr(start, "LocalRunner", partial(LocalRunner, handlers=fake_worker.session_handlers))
+    monkeypatch.setattr(start, "Builder", lambda *args, **kwargs: FakeBuilder())
 
 
 @pytest.mark.parametrize("refuse, words", [
@@ -118,8 +118,8 @@ def test_a_refused_write_stops_the_run_with_one_line_and_keeps_what_was_stored(
 def test_children_end_with_their_parent(tmp_path):
     """A parent killed with SIGKILL takes its compile pool and GPU worker along (parent-death signal)."""
     code = ("import os, sys, time\nsys.path.insert(0, %r)\nimport fake_worker\n"
-            "from tritune.tuner.builder import Builder\nfrom tritune.tuner.runner import Runner\n"
-            "r = Runner(handlers=fake_worker.handlers); r.device_info()\n"
+            "from tritune.tuner.builder import Builder\nfrom tritune.tuner.worker.local import LocalRunner\n"
+            "r = LocalRunner(handlers=fake_worker.handlers); r.device_info()\n"
             "b = Builder(None, workers=2); b._pool.submit(time.sleep, 0).result()\n"
             "print(r._proc.pid, *b._pool._processes, flush=True); time.sleep(60)\n") % str(TESTS)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

@@ -20,7 +20,7 @@ from tritune.schedules.config import Config
 from tritune.schedules.rows import MAX_PER_THREAD, MIN_CHUNK_BYTES
 from tritune.schedules.space import Limits
 from tritune.tuner.cli import main
-from tritune.tuner.measure import rel_error
+from tritune.tuner.worker.candidate import rel_error
 
 H100 = Limits.for_capability(9, 0)
 BENCH = (Softmax(4096, 4096), Softmax(8192, 1024), Softmax(2048, 50257), LayerNorm(8192, 4096), LayerNorm(4096, 1024))

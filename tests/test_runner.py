@@ -5,8 +5,8 @@ import fake_worker
 from tritune.kernels.contraction.expr import Matmul
 from tritune.records.result import Status
 from tritune.schedules.config import Config
-from tritune.tuner.failures import classify
-from tritune.tuner.runner import Runner
+from tritune.tuner.worker.failures import classify
+from tritune.tuner.worker.local import LocalRunner
 
 EXPR = Matmul(8, 8, 8)
 GOOD = Config.of(BLOCK_M=16)
@@ -14,7 +14,7 @@ GOOD = Config.of(BLOCK_M=16)
 
 @pytest.fixture
 def runner():
-    with Runner(timeout_s=3, handlers=fake_worker.handlers) as r:
+    with LocalRunner(timeout_s=3, handlers=fake_worker.handlers) as r:
         yield r
 
 

@@ -7,15 +7,16 @@ import pytest
 import fake_worker
 from fakes import FakeBuilder
 from tritune.records.database import Database
-from tritune.tuner import session
+from tritune.tuner import run as tuning
+from tritune.tuner.gpus import start
 from tritune.tuner.cli import main, make_expr
-from tritune.tuner.tuner import Task
-from tritune.tuner.runner import Runner
+from tritune.tuner.task import Task
+from tritune.tuner.worker.local import LocalRunner
 
 
 def test_run_tunes_stores_resumes_and_reports(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(session, "Runner", partial(Runner, handlers=fake_worker.session_handlers))
-    monkeypatch.setattr(session, "Builder", lambda *args, **kwargs: FakeBuilder())
+    monkeypatch.setattr(start, "LocalRunner", partial(LocalRunner, handlers=fake_worker.session_handlers))
+    monkeypatch.setattr(start, "Builder", lambda *args, **kwargs: FakeBuilder())
     db, summary = tmp_path / "t.db", tmp_path / "s.json"
     args = ["run", "--shape", "512,256,1024", "--trials", "24", "--db", str(db), "--summary-json", str(summary)]
     main(args)
@@ -32,24 +33,24 @@ def test_run_tunes_stores_resumes_and_reports(monkeypatch, tmp_path, capsys):
 
 def test_tune_all_shares_one_gpu_session_and_skips_an_empty_space(monkeypatch, tmp_path):
     started = []
-    monkeypatch.setattr(session, "Runner", lambda *a, **k: started.append(1) or Runner(*a, handlers=fake_worker.session_handlers, **k))
-    monkeypatch.setattr(session, "Builder", lambda *args, **kwargs: FakeBuilder())
-    real = session.device_task
+    monkeypatch.setattr(start, "LocalRunner", lambda *a, **k: started.append(1) or LocalRunner(*a, handlers=fake_worker.session_handlers, **k))
+    monkeypatch.setattr(start, "Builder", lambda *args, **kwargs: FakeBuilder())
+    real = tuning.device_task
 
     def task(expr, info):  # the 64^3 workload's space is left empty
         t = real(expr, info)
         return Task(t.expr, t.device, t.limits, t.absent, frozenset()) if expr.m == 64 else t
-    monkeypatch.setattr(session, "device_task", task)
+    monkeypatch.setattr(tuning, "device_task", task)
     exprs = [make_expr("matmul", "512,256,1024", "fp16"), make_expr("matmul", "64", "fp16")]
-    out = session.tune_all(exprs, Database(tmp_path / "t.db"), session.TuneOptions(trials=8, batch_size=8))
+    out = tuning.tune_all(exprs, Database(tmp_path / "t.db"), start.TuneOptions(trials=8, batch_size=8))
     assert started == [1]
     assert out[0]["trials"] == 8 and out[0]["best_config"] is not None
     assert out[1] == {"workload": exprs[1].to_dict(), "trials": 0, "best_config": None, "space_valid": 0}
 
 
 def test_the_summary_says_where_the_time_went(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(session, "Runner", partial(Runner, handlers=fake_worker.session_handlers))
-    monkeypatch.setattr(session, "Builder", lambda *args, **kwargs: FakeBuilder())
+    monkeypatch.setattr(start, "LocalRunner", partial(LocalRunner, handlers=fake_worker.session_handlers))
+    monkeypatch.setattr(start, "Builder", lambda *args, **kwargs: FakeBuilder())
     summary = tmp_path / "s.json"
     main(["run", "--shape", "512,256,1024", "--trials", "16", "--db", str(tmp_path / "t.db"),
           "--summary-json", str(summary), "--verbose"])
@@ -85,11 +86,11 @@ def test_a_library_call_that_wins_the_head_to_head_is_what_replay_runs(tmp_path,
     from tritune.kernels.contraction.expr import Matmul
     from tritune.schedules.config import Config
 
-    monkeypatch.setattr(session, "Runner", partial(Runner, handlers=handlers))
-    monkeypatch.setattr(session, "Builder", lambda *args, **kwargs: FakeBuilder())
+    monkeypatch.setattr(start, "LocalRunner", partial(LocalRunner, handlers=handlers))
+    monkeypatch.setattr(start, "Builder", lambda *args, **kwargs: FakeBuilder())
     expr = Matmul(256, 256, 256)
     with Database(tmp_path / "t.db") as db:
-        out = session.tune(expr, db, session.TuneOptions(trials=12, batch_size=4))
+        out = tuning.tune(expr, db, start.TuneOptions(trials=12, batch_size=4))
         assert [r.result.config for r in db.best_rows()] == [Config.of(library="mm")]
         assert db.best(expr.key, db.best_rows()[0].device).config == Config.of(library="mm")
     assert out["best_config"] == {"library": "mm"} and out["final_ours_ms"] in (0.9, 1.02)

@@ -8,10 +8,11 @@ import pytest
 from fakes import FakeBuilder
 from tritune.records.database import Database
 from tritune.records.result import Status
-from tritune.tuner import session
+from tritune.tuner import run as tuning
+from tritune.tuner.gpus import start
 from tritune.tuner.cli import make_expr
-from tritune.tuner.runner import DeviceLost, Runner
-from tritune.tuner.spread import spread
+from tritune.tuner.worker.local import DeviceLost, LocalRunner
+from tritune.tuner.gpus.spread import spread
 
 
 class Device:
@@ -86,14 +87,14 @@ def test_a_models_workloads_over_two_stand_in_gpus(monkeypatch, tmp_path):
 
     monkeypatch.setenv("FAKE_GPU_DEVICES", "2")
     monkeypatch.setenv("FAKE_GPU_MS", "5")
-    monkeypatch.setattr(session, "Runner", partial(Runner, handlers=fake_gpu.handlers))
-    monkeypatch.setattr(session, "Builder", lambda *args, **kwargs: FakeBuilder())
+    monkeypatch.setattr(start, "LocalRunner", partial(LocalRunner, handlers=fake_gpu.handlers))
+    monkeypatch.setattr(start, "Builder", lambda *args, **kwargs: FakeBuilder())
     # convolutions: their spaces are enumerated in a fraction of a second (a matmul's takes seconds)
     exprs = [make_expr("conv2d", s, "fp16", padding="1") for s in ("8,28,28,64,64,3,3", "8,14,14,64,64,3,3",
                                                                    "4,14,14,32,64,3,3")]
-    options = session.TuneOptions(trials=12, batch_size=4, strategy="random", devices="all")
+    options = start.TuneOptions(trials=12, batch_size=4, strategy="random", devices="all")
     with Database(tmp_path / "t.db") as db:
-        out = session.tune_all(exprs, db, options, trials=[16, 8, 8])
+        out = tuning.tune_all(exprs, db, options, trials=[16, 8, 8])
         stored = [db.trials(e.key) for e in exprs]
     assert [s["trials"] for s in out] == [16, 8, 8] and all(s["best_config"] for s in out)
     assert [len({r.config for r in trials}) for trials in stored] == [16, 8, 8]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tritune.tuner.measure import LOSER, Timing, clearly_slower, runs_for
+from tritune.tuner.timing import LOSER, Timing, clearly_slower, runs_for
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "timing").glob("*.json"))
 

@@ -9,7 +9,8 @@ from tritune.schedules.space import Limits
 from tritune.search import make_strategy
 from tritune.kernels.contraction.features import FEATURE_NAMES
 from tritune.tuner.prior import database_prior as warm_start
-from tritune.tuner.tuner import Task, Tuner, best_of
+from tritune.tuner.task import Task, best_of
+from tritune.tuner.tuner import Tuner
 
 EXPR = Matmul(1024, 1024, 1024)
 DEVICE = DeviceKey("Fake GPU", "9.0", "3.x", "2.x", "t1")

@@ -19,7 +19,7 @@ from tritune.schedules.config import Config
 from tritune.schedules.gated import TILING
 from tritune.schedules.space import Limits
 from tritune.tuner.cli import main
-from tritune.tuner.measure import rel_error
+from tritune.tuner.worker.candidate import rel_error
 
 H100 = Limits(232448, 132)
 SMALL = Config.of(BLOCK_M=32, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=2, UNROLL=2)

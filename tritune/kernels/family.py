@@ -208,3 +208,9 @@ def parse_expr(op: str, shape: str, dtype: str, **options: str | None) -> Any:
     """The expression of `tune-cli run`'s workload options (options left None are unset); ExprError
     for anything the user must fix."""
     return family(op).from_cli(shape, dtype, {k: v for k, v in options.items() if v is not None})
+
+
+def rate_text(expr: Any, ms: float | None) -> str:
+    """Throughput of the expression at a time in ms, as tables show it: '612.3 TFLOP/s', '2.81 TB/s'."""
+    value, unit = family(expr.op).rate(expr, ms)
+    return f"{value:.{1 if value >= 10 else 2}f} {unit}"

@@ -18,8 +18,8 @@ from tritune.kernels.family import family
 from tritune.records.result import Status
 from tritune.schedules.config import Config
 from tritune.tuner.breakdown import Stopwatch
-from tritune.tuner.failures import classify
-from tritune.tuner.lifeline import bind_to_parent
+from tritune.tuner.worker.failures import classify
+from tritune.tuner.worker.lifeline import bind_to_parent
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def _pool_process(parent: int) -> None:
     os.nice(10)
 
 
-def warm_up(target: Any) -> None:
+def warm_pool_process(target: Any) -> None:
     """Pay a pool process's one-time costs (imports, the compiler back end's first use) by building
     a small matmul at its default config, before any candidate is waiting for the process."""
     from tritune.kernels.contraction.launch import DEFAULT
@@ -93,7 +93,7 @@ class Builder:
         self.target, self.shared_limit = target, shared_limit
         if self.build is build_one:
             for _ in range(self.workers):
-                self._pool.submit(warm_up, target)
+                self._pool.submit(warm_pool_process, target)
 
     def background(self, fn: Any, *args: Any) -> Future:
         """Run other CPU work of the run in a pool process (e.g. enumerating the next workloads'
@@ -104,7 +104,7 @@ class Builder:
     def submit(self, expr: Any, problem: Any, configs: Sequence[Config]) -> list[Future]:
         """Start compiling each config (a library call has nothing to compile); futures resolve to BuildResult."""
         def each() -> list[Future]:
-            return [_built(c) if c.library is not None else
+            return [_no_build_needed(c) if c.library is not None else
                     self._pool.submit(self.build, expr, c, problem, self.target, self.shared_limit) for c in configs]
 
         with self._lock:
@@ -153,7 +153,7 @@ class Builder:
         self._pool.shutdown(wait=not now, cancel_futures=True)
 
 
-def _built(config: Config) -> Future:
+def _no_build_needed(config: Config) -> Future:
     """A finished build of a config that needs none."""
     done: Future = Future()
     done.set_result(BuildResult(config, None, 0.0))

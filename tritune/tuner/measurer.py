@@ -13,7 +13,8 @@ from tritune.records.result import DeviceKey, MeasureResult
 from tritune.schedules.config import Config
 from tritune.tuner.breakdown import Stopwatch
 from tritune.tuner.builder import BuildResult
-from tritune.tuner.runner import DeviceLost
+from tritune.tuner.worker.local import DeviceLost
+from tritune.tuner.worker.protocol import Runner
 
 
 _WAKE = ("wake",)  # queued to wake a thread waiting for candidates: look at the pending ones again
@@ -26,7 +27,7 @@ class Stopped(Exception):
 class Measurer:
     """Takes (config, build future) pairs; each comes back as a future of its stored MeasureResult.
 
-    One thread per device (`runner.each` of a `Runners`, else the one runner; a runner that measures
+    One thread per device (each runner of `runner.each`; a runner that measures
     several candidates at once, a cluster's host, gets that many), each with its own database
     connection (SQLite connections belong to one thread), takes the next candidate whose build is
     done and stores its result at once, so a killed run loses only the ones in flight. A device
@@ -37,7 +38,7 @@ class Measurer:
     the tune-cli process that owns the database stores what it sends back).
     """
 
-    def __init__(self, expr: Any, device: DeviceKey, builder: Any, runner: Any, db_path: Any,
+    def __init__(self, expr: Any, device: DeviceKey, builder: Any, runner: Runner, db_path: Any,
                  best_ms: float | None = None) -> None:
         self.expr, self.device, self.builder = expr, device, builder
         self.best_ms = best_ms
@@ -50,18 +51,17 @@ class Measurer:
         self._stopping = threading.Event()
         self._live = 0
         self._threads: list[threading.Thread] = []
-        for each in getattr(runner, "each", [runner]):
+        for each in runner.each:
             self.add(each)
-        self._group = runner if hasattr(runner, "listen") else None
-        if self._group is not None:
-            self._group.listen(self.add)
+        self._group = runner
+        runner.listen(self.add)
 
-    def add(self, runner: Any) -> None:
+    def add(self, runner: Runner) -> None:
         """Measure on one more runner too, with as many threads as it measures candidates at once."""
         with self._lock:
             if self._closed or self._stopping.is_set():
                 return
-            for _ in range(getattr(runner, "parallel", 1)):
+            for _ in range(runner.parallel):
                 # daemons: a run interrupted mid-measurement must not wait for a GPU to answer
                 thread = threading.Thread(target=self._serve, args=(runner,), daemon=True,
                                           name=f"tritune-measurer-{len(self._threads)}")
@@ -83,8 +83,7 @@ class Measurer:
         """Stop after the candidates in flight; nothing measured from now on is stored (the runners
         are about to be stopped, and a result caused by stopping one is not a real one)."""
         self._stopping.set()
-        if self._group is not None:
-            self._group.unlisten(self.add)
+        self._group.unlisten(self.add)
         for _ in self._threads:
             self._queue.put(None)
         for thread in list(self._threads):
@@ -122,7 +121,7 @@ class Measurer:
                     self._accept(self._queue.get_nowait())
                 if self._closed:
                     return None
-                ready = next((p for p in self._pending if _built(p[1])), None)
+                ready = next((p for p in self._pending if _is_done(p[1])), None)
                 if ready is not None:
                     self._pending.remove(ready)
                     return ready
@@ -171,6 +170,6 @@ class Measurer:
         return result
 
 
-def _built(build: Any) -> bool:
+def _is_done(build: Any) -> bool:
     """Whether a build has finished (stand-in builders hand out results that always have)."""
     return build.done() if isinstance(build, Future) else True

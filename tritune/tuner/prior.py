@@ -11,8 +11,8 @@ from typing import Any
 from tritune.cost_model.dataset import Prior
 from tritune.kernels.family import expr_from_dict
 from tritune.records.database import Database
-from tritune.tuner.recorded import BUNDLED, Recording
-from tritune.tuner.tuner import Task
+from tritune.tuner.recordings import BUNDLED, Recording
+from tritune.tuner.task import Task
 
 PRIORS = ("all", "db", "none")
 

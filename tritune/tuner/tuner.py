@@ -3,64 +3,18 @@ from __future__ import annotations
 
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass
-from functools import cached_property
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
-import numpy as np
-
-from tritune.kernels.family import Family, family
 from tritune.records.database import Database, DatabaseError
 from tritune.records.owners import owner_id
-from tritune.records.result import DeviceKey, MeasureResult
+from tritune.records.result import MeasureResult
 from tritune.schedules.config import Config
-from tritune.schedules.space import Limits, Space
 from tritune.search.base import Strategy
 from tritune.tuner.breakdown import Stopwatch
 from tritune.tuner.builder import Builder
 from tritune.tuner.measurer import Measurer
-from tritune.tuner.runner import Runner
-
-
-@dataclass(frozen=True)
-class Task:
-    """What to tune (the expression) on which device."""
-
-    expr: Any
-    device: DeviceKey
-    limits: Limits
-    absent: tuple[str, ...] = ()  # knobs left out of the space (at their defaults)
-    only: frozenset[Config] | None = None  # the space limited to these configs (a recorded sample)
-
-    @property
-    def family(self) -> Family:
-        """The op family of the expression."""
-        return family(self.expr.op)
-
-    def featurize(self, configs: Sequence[Config]) -> np.ndarray:
-        """Cost-model features of configs of this task."""
-        return self.family.features(self.expr, self.limits, configs)
-
-    @property
-    def libraries(self) -> tuple[Config, ...]:
-        """The library implementations measured beside the space, as candidates like any config
-        (none where the space is limited to a recorded sample, which holds none)."""
-        if self.only is not None:
-            return ()
-        return tuple(Config.of(library=name) for name in self.family.libraries(self.expr))
-
-    @cached_property
-    def space(self) -> Space:
-        """The schedule space of this task."""
-        space = self.family.space(self.expr, self.limits)
-        space = space.without(self.absent) if self.absent else space
-        return space if self.only is None else space.restricted(self.only)
-
-
-def best_of(results: Sequence[MeasureResult]) -> MeasureResult | None:
-    """The fastest correct result (lowest median), or None."""
-    ok = [r for r in results if r.ok]
-    return min(ok, key=lambda r: r.t_median) if ok else None
+from tritune.tuner.task import Task, best_of
+from tritune.tuner.worker.protocol import Runner
 
 
 class Tuner:

@@ -7,7 +7,7 @@ benchmarks. Each model takes embeddings [batch, tokens, hidden] in the model's d
 - `gpt2`: decoder with biases and GELU written as pointwise ops (`gelu_new`), LM head;
 - `bert`: encoder with biases and GELU.
 
-    tune-cli tune-model --model scripts/zoo.py:llama --input-shape 1,2048,2048 --trials 192
+    tune-cli tune-model --model tritune/tuner/model/zoo.py:llama --input-shape 1,2048,2048 --trials 192
 """
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""tune-cli: tune, list, export and import. Bad input gets one line on stderr and exit code 2."""
+"""tune-cli: `run` (tune one workload), `tune-model` (every workload of a model, then the whole
+model checked), `worker` (a GPU host of a cluster), `best`, `export`, `import` and `report`. Bad
+input gets one line on stderr and exit code 2; no GPU, exit code 3."""
 from __future__ import annotations
 
 import json
@@ -64,8 +66,8 @@ def tuning(db_path: str | None, options: Any, meanwhile: Any = None) -> Iterator
     """The GPU session and the database to tune into. A bad database file is reported first and a
     missing GPU next (one line each); the database is created only once the GPU worker is up (the
     worker's start is the GPU check). `meanwhile` runs while the worker starts."""
-    from tritune.tuner.runner import DeviceLost, WorkerDied
-    from tritune.tuner.session import gpu_session
+    from tritune.tuner.gpus.start import gpu_session
+    from tritune.tuner.worker.local import DeviceLost, WorkerDied
 
     if Path(db_path or SETTINGS.db_path).exists():
         open_db(db_path, must_exist=True).close()  # a bad file is reported before anything else
@@ -129,7 +131,9 @@ def cluster_options(command: Any) -> Any:
 def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, activation, trials, strategy, seed, prior, batch_size,
         early_stop, timeout, workers, devices, cluster, cluster_wait, summary_json, verbose, faults, db_path) -> None:
     """Tune one workload on this GPU and store every trial."""
-    from tritune.tuner.session import TuneOptions, tune
+    from tritune.tuner.cli.display import Terminal
+    from tritune.tuner.gpus.start import TuneOptions
+    from tritune.tuner.run import tune
 
     expr = make_expr(op, shape, dtype, layout=layout, epilogue=epilogue, stride=stride, padding=padding,
                      dilation=dilation, eps=eps, activation=activation)
@@ -138,7 +142,7 @@ def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, acti
     options = TuneOptions(trials, strategy, seed, batch_size, early_stop, timeout, workers, tuple(faults), prior, verbose,
                           *_where(devices, cluster, cluster_wait))
     with tuning(db_path, options) as (gpu, db):
-        summary = tune(expr, db, options, gpu)
+        summary = tune(expr, db, options, gpu, report=Terminal())
     if summary_json:
         Path(summary_json).write_text(json.dumps(summary, indent=2))
 
@@ -161,34 +165,34 @@ def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, acti
 def tune_model(model_spec, input_shapes, dtype, trials, strategy, seed, summary_json, devices, cluster, cluster_wait,
                dry_run, check, db_path) -> None:
     """Extract a model's contractions (with their fusable epilogues) and tune each on this GPU."""
-    from tritune.tuner import tune_model as tm
-    from tritune.tuner.display import out
-    from tritune.tuner.session import TuneOptions
+    from tritune.tuner.cli import display
+    from tritune.tuner.gpus.start import TuneOptions
+    from tritune.tuner.model.plan import tune_planned
 
     if strategy not in REGISTRY:
         raise UsageError(f"unknown strategy {strategy!r}; known: {', '.join(sorted(REGISTRY))}")
     if dry_run:
-        out.print(tm.plan_table(_planned(tm, model_spec, input_shapes, dtype, trials)))
+        display.out.print(display.plan_table(_planned(model_spec, input_shapes, dtype, trials)))
         return
     where = _where(devices, cluster, cluster_wait)
     options = TuneOptions(strategy=strategy, seed=seed, devices=where[0], cluster=where[1], cluster_wait_s=where[2])
     planned: list = []
-    capture = lambda: planned.extend(_planned(tm, model_spec, input_shapes, dtype, trials))  # noqa: E731
+    capture = lambda: planned.extend(_planned(model_spec, input_shapes, dtype, trials))  # noqa: E731
     with tuning(db_path, options, capture) as (gpu, db):  # the model is captured while the GPU worker starts
-        out.print(tm.plan_table(planned))
-        summaries = tm.tune_all(planned, db, options, gpu)
+        display.out.print(display.plan_table(planned))
+        summaries = tune_planned(planned, db, options, gpu, display.Terminal(), _announce)
         path = db.path
-    out.print(tm.result_table(summaries))
+    display.out.print(display.result_table(summaries))
     if check and cluster:  # the check compiles and runs the whole model on a GPU of this host
         click.echo("tune-cli: the model check runs on this host's GPU; skipped with --cluster", err=True)
-    checks = tm.check(model_spec, input_shapes, dtype, path) if check and not cluster else []
+    checks = _check_model(model_spec, input_shapes, dtype, path) if check and not cluster else []
     if summary_json:
         Path(summary_json).write_text(json.dumps({"tasks": summaries, "model_check": checks}, indent=2))
 
 
 def _devices(text: str | None) -> Any:
     """`--devices` parsed (a bad value is one line, exit code 2)."""
-    from tritune.tuner.session import parse_devices
+    from tritune.tuner.gpus.start import parse_devices
 
     try:
         return parse_devices(text)
@@ -208,7 +212,7 @@ def _where(devices: str | None, cluster: str | None, wait_s: float) -> tuple[Any
 
 def _address(text: str) -> str:
     """A Dask scheduler's address, checked (a bad one is one line, exit code 2)."""
-    from tritune.tuner.cluster import check_address
+    from tritune.tuner.gpus.cluster import check_address
 
     try:
         check_address(text)
@@ -217,12 +221,37 @@ def _address(text: str) -> str:
     return text
 
 
-def _planned(tm: Any, model_spec: str, input_shapes: tuple[str, ...], dtype: str, trials: int) -> list:
+def _planned(model_spec: str, input_shapes: tuple[str, ...], dtype: str, trials: int) -> list:
     """The model's tasks and their trials; anything the user must fix is one line, exit code 2."""
+    from tritune.tuner.model.load import ModelError, model_tasks
+    from tritune.tuner.model.plan import plan
+
     try:
-        return tm.plan(tm.model_tasks(model_spec, input_shapes, dtype), trials)
-    except tm.ModelError as exc:
+        return plan(model_tasks(model_spec, input_shapes, dtype), trials)
+    except ModelError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _announce(i: int, n: int, planned: Any, trials: int) -> None:
+    """A task of the model starts."""
+    from tritune.tuner.cli.display import console
+
+    console.print(f"[bold]task {i}/{n}[/bold]: {planned.task.describe()}, {trials} trials")
+
+
+def _check_model(spec: str, input_shapes: tuple[str, ...], dtype: str, db_path: Any) -> list[dict]:
+    """The whole model compiled with and without its tuned kernels, timed in each mode (a child
+    process); graph verdicts stored; the table printed; the per-mode results."""
+    from tritune.tuner.cli.display import check_table, console, out
+    from tritune.tuner.model.check import check_model
+
+    if SETTINGS.fake_gpu:  # a stand-in GPU has nothing to compile a model for
+        console.print("the whole-model check needs a real GPU: skipped")
+        return []
+    console.print("[bold]checking the whole model[/bold]: compiled by Inductor, with and without the tuned kernels")
+    results = check_model(spec, input_shapes, dtype, db_path)
+    out.print(check_table(results))
+    return results
 
 
 @cli.command()
@@ -235,9 +264,9 @@ def worker(scheduler, devices, name, timeout, workers) -> None:
     """Measure for tune-cli runs on a cluster: this host's GPUs and compile pool, until stopped."""
     from functools import partial
 
-    from tritune.tuner.cluster import serve
-    from tritune.tuner.runner import WorkerDied
-    from tritune.tuner.session import start_gpu
+    from tritune.tuner.gpus.cluster_host import serve
+    from tritune.tuner.gpus.start import start_gpu
+    from tritune.tuner.worker.local import WorkerDied
 
     start = partial(start_gpu, timeout_s=timeout, workers=workers, devices=_devices(devices))
     try:
@@ -252,7 +281,7 @@ def worker(scheduler, devices, name, timeout, workers) -> None:
 @db_option
 def best(op, db_path) -> None:
     """List the best stored config of every workload and device."""
-    from tritune.tuner.display import best_table, out
+    from tritune.tuner.cli.display import best_table, out
 
     with open_db(db_path, must_exist=True) as db:
         out.print(best_table(db.best_rows(op)))
@@ -292,7 +321,7 @@ def report(op, out_dir, min_trials, folds, db_path) -> None:
     from rich.console import Console
 
     from tritune.cost_model import report as rep
-    from tritune.tuner.display import out
+    from tritune.tuner.cli.display import out
 
     with open_db(db_path, must_exist=True) as db:
         try:

@@ -3,10 +3,10 @@ runner tunes one workload at a time, the largest first; once no workload is wait
 comes free joins a running one, so the last workloads' rounds are split across runners.
 
 Why a workload keeps its runners rather than every runner taking any workload's next candidate:
-a GPU worker keeps one workload's inputs and float64 reference (measure._workload); candidates of
+a GPU worker keeps one workload's inputs and float64 reference (`worker.candidate`); candidates of
 several workloads interleaved on one GPU would rebuild them at every switch, and the search of one
 workload learns best from timings of the same GPU. Timings are compared within one device key only:
-the runners of a group are one GPU model (the session checks it).
+the runners of a group are one GPU model (`gpus.start` checks it).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from collections import deque
 from typing import Any, Callable, Sequence
 
 from tritune.records.result import Status
-from tritune.tuner.runner import DeviceLost, Runners
+from tritune.tuner.worker.local import DeviceLost, Runners
 
 
 def spread(run: Callable[[int, Runners], Any], sizes: Sequence[float], runners: Sequence[Any]) -> list[Any]:

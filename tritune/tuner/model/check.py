@@ -5,28 +5,28 @@ fuse better), so a graph that runs slower with tuned kernels is stored as such (
 and `tritune.compiler` then leaves it to Inductor whole: a tuned model is never slower than
 torch.compile's, as measured.
 
-The measurement runs in a child process (its own CUDA context: a crash costs only the check).
+The measurement runs in a child process (its own CUDA context: a crash costs only the check),
+timed by `tritune.tuner.timing`.
 """
 from __future__ import annotations
 
 import json
 import multiprocessing as mp
 import os
-import random
 import statistics
 import tempfile
-import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from tritune.records.database import Database
 from tritune.records.dispatch import graph_mode
 from tritune.records.result import DeviceKey
+from tritune.tuner.timing import in_turns, paired_ratio, per_call_ms, step_caller
 
 MODES = ("default", "reduce-overhead")  # torch.compile's modes the check measures
 # the tuned kernels keep a graph only when it is this much faster than Inductor's: a tie is Inductor's
 # (two identical compiled models of a host-bound decode step timed up to 4% apart on the H100)
-MARGIN = 0.02
+GRAPH_MARGIN = 0.02
 MAX_REL_ERROR = 5e-2  # a compiled model further than this from Inductor's output is wrong, not fast
 
 
@@ -66,16 +66,17 @@ def _store(db_path: str | Path, results: Sequence[dict]) -> None:
 def _child(parent: int, spec: str, input_shapes: list[str], dtype: str, db_path: str, modes: list[str],
            rounds: int, out: str) -> None:
     """The check's process: each mode measured in turn, results written after each."""
-    from tritune.tuner.lifeline import bind_to_parent
+    from tritune.tuner.worker.lifeline import bind_to_parent
 
     bind_to_parent(parent)
     import torch
 
-    from tritune.kernels.frontend.extract import first_line
+    from tritune.errors import first_line
+    from tritune.tuner.model.load import load
 
     results: list[dict] = []
     try:
-        model, inputs = _build(spec, input_shapes, dtype)
+        model, inputs = load(spec, input_shapes, dtype, "cuda", weights="random")
     except Exception as exc:  # noqa: BLE001 - the user's factory, or no GPU: every mode reports it
         model, why = None, f"the model could not be built on the GPU: {first_line(exc)}"
     for mode in modes:
@@ -89,21 +90,6 @@ def _child(parent: int, spec: str, input_shapes: list[str], dtype: str, db_path:
         Path(out).write_text(json.dumps(results))
 
 
-def _build(spec: str, input_shapes: list[str], dtype: str) -> tuple[Any, tuple]:
-    """The model with seeded random weights on the GPU, in `dtype`, eval mode; seeded inputs."""
-    import torch
-
-    from tritune.kernels.expr import torch_dtype
-    from tritune.tuner.tune_model import load_factory, parse_shapes
-
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = load_factory(spec)()
-    model = model.to(torch_dtype(dtype)).eval()
-    inputs = tuple(torch.randn(s, dtype=torch_dtype(dtype), device="cuda") for s in parse_shapes(input_shapes))
-    return model, inputs
-
-
 def _measure(model: Any, inputs: tuple, db_path: str, mode: str, rounds: int) -> dict:
     """Inductor and the tuned kernels in one mode: warmed up, checked against each other, timed in turns."""
     import torch
@@ -115,27 +101,28 @@ def _measure(model: Any, inputs: tuple, db_path: str, mode: str, rounds: int) ->
     from torch._dynamo.utils import counters
 
     compile_mode = None if mode == "default" else mode
+    cuda_graphs = mode != "default"
     backend = tritune.compiler(db_path, mode=compile_mode, graph_verdicts=False)  # what the graphs run alone
-    fns = {"tritune": _caller(torch.compile(model, backend=backend), inputs, mode)}
+    fns = {"tritune": step_caller(torch.compile(model, backend=backend), inputs, cuda_graphs)}
     counters.clear()
-    outs = {"tritune": _warm(fns["tritune"])}
+    outs = {"tritune": _first_outputs(fns["tritune"])}
     tuned = sum(kind == "tuned" for _, kind in backend.sites)
     result = {"graphs": sorted(set(backend.graphs)), "tuned_sites": tuned, "sites": len(backend.sites),
               "device": device_key(device_info(), "matmul").to_json()}
     if not backend.graphs:
         return result  # no tuned site: the graphs reach Inductor untouched, nothing to decide
-    fns["inductor"] = _caller(torch.compile(model, mode=compile_mode), inputs, mode)
-    outs["inductor"] = _warm(fns["inductor"])
+    fns["inductor"] = step_caller(torch.compile(model, mode=compile_mode), inputs, cuda_graphs)
+    outs["inductor"] = _first_outputs(fns["inductor"])
     error = outputs_rel_error(outs["tritune"], outs["inductor"])
-    times = in_turns({**fns, "eager": lambda: model(*inputs)}, rounds)
+    times = in_turns({**fns, "eager": lambda: model(*inputs)}, per_call_ms, rounds)
     ratio = paired_ratio(times["tritune"], times["inductor"])
-    faster = ratio <= 1 - MARGIN and error <= MAX_REL_ERROR
+    faster = ratio <= 1 - GRAPH_MARGIN and error <= MAX_REL_ERROR
     return {**result, **{f"{name}_ms": statistics.median(t) for name, t in times.items()}, "ratio": ratio,
             "rel_error": error, "rounds": rounds, "winner": "tritune" if faster else "inductor",
             "graph_breaks": sum(counters["graph_break"].values()), "frames": dict(counters["frames"])}
 
 
-def _warm(fn: Any) -> Any:
+def _first_outputs(fn: Any) -> Any:
     """Three calls (CUDA graphs: warm-up, record, replay); a copy of the last output (a later replay
     may overwrite it)."""
     from torch.utils._pytree import tree_map
@@ -145,87 +132,13 @@ def _warm(fn: Any) -> Any:
     return tree_map(lambda t: t.clone() if hasattr(t, "clone") else t, out)
 
 
-def _caller(compiled: Any, inputs: tuple, mode: str) -> Any:
-    """One call; with CUDA graphs a new step first (a replay may overwrite the last output)."""
-    import torch
-
-    if mode == "default":
-        return lambda: compiled(*inputs)
-    return lambda: (torch.compiler.cudagraph_mark_step_begin(), compiled(*inputs))[1]
-
-
-def per_call_ms(fn: Any, budget_s: float = 0.01) -> float:
-    """Mean ms per call of calls back to back (the host queues the next while the GPU runs this
-    one, as a serving loop does; no cache flush between calls) over about `budget_s`, after a
-    warm-up."""
-    import torch
-
-    def sync() -> None:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-
-    for _ in range(2):
-        fn()
-    sync()
-    start = time.perf_counter()
-    fn()
-    sync()
-    calls = max(3, int(budget_s / max(time.perf_counter() - start, 1e-6)))
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    sync()
-    return (time.perf_counter() - start) * 1e3 / calls
-
-
-def in_turns(fns: dict, rounds: int, after_round: Callable[[dict], None] | None = None) -> dict[str, list[float]]:
-    """Each function's ms per call in each round, the functions timed in turns with short runs in
-    an order shuffled per round: on a shared host the CPU's speed comes and goes within seconds
-    (one model's decode step read 0.72 and 1.40 ms in rounds of one run), and a round's functions
-    run close together (paired by round, see `paired_ratio`). `after_round` gets the times so far."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    order = list(fns)
-    for round_ in range(rounds):
-        random.Random(round_).shuffle(order)  # no function always runs right after another
-        for name in order:
-            times[name].append(per_call_ms(fns[name]))
-        if after_round is not None:
-            after_round(times)
-    return times
-
-
-def paired_ratio(ours: Sequence[float], theirs: Sequence[float]) -> float:
-    """The median over rounds of ours / theirs timed in the same round."""
-    return statistics.median(o / t for o, t in zip(ours, theirs))
-
-
 def outputs_rel_error(out: Any, ref: Any) -> float:
     """The runner's relative error (`measure.rel_error`: infinite where `out` is not finite) over
     every tensor of two outputs (a tensor, tuple or model output), taken as one vector."""
     import torch
     from torch.utils._pytree import tree_leaves
 
-    from tritune.tuner.measure import rel_error
+    from tritune.tuner.worker.candidate import rel_error
 
     pairs = [(o, r) for o, r in zip(tree_leaves(out), tree_leaves(ref)) if isinstance(r, torch.Tensor)]
     return rel_error(torch.cat([o.flatten() for o, _ in pairs]), torch.cat([r.double().flatten() for _, r in pairs]))
-
-
-def check_table(results: Sequence[dict]) -> Any:
-    """The check as a table: per mode Inductor's time, the tuned model's, and what the model runs."""
-    from rich.table import Table
-
-    table = Table(title="the whole model, compiled: Inductor against the tuned kernels (timed in turns)")
-    for col in ("mode", "tuned sites", "Inductor ms", "with tuned kernels ms", "speed-up (paired rounds)",
-                "compiled model runs"):
-        table.add_column(col)
-    for r in results:
-        if "error" in r:
-            table.add_row(r["mode"], "", "", "", "", f"check failed ({r['error']}): the sites decide")
-        elif not r.get("winner"):
-            table.add_row(r["mode"], f"0/{r['sites']}", "", "", "", "Inductor (nothing tuned to replay)")
-        else:
-            runs = "tuned kernels" if r["winner"] == "tritune" else "Inductor (graph verdict)"
-            table.add_row(r["mode"], f"{r['tuned_sites']}/{r['sites']}", f"{r['inductor_ms']:.4f}", f"{r['tritune_ms']:.4f}",
-                          f"{1 / r['ratio']:.3f}x", runs)
-    return table

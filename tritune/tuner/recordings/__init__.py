@@ -16,13 +16,15 @@ from tritune.kernels.family import expr_from_dict, family
 from tritune.records.result import DeviceKey, MeasureResult, Status
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits
+from tritune.tuner.breakdown import Stopwatch
 from tritune.tuner.builder import BuildResult
-from tritune.tuner.measure import clearly_slower
-from tritune.tuner.tuner import Task
+from tritune.tuner.timing import clearly_slower
+from tritune.tuner.task import Task
+from tritune.tuner.worker.protocol import OneRunner
 
 # Recordings shipped with tritune (real GPU measurements of whole spaces or large samples); see
 # recordings/README.md for how and where each was measured.
-BUNDLED = Path(__file__).parent / "recordings"
+BUNDLED = Path(__file__).parent
 
 
 def read_lines(path: str | Path) -> tuple[dict, list[dict]]:
@@ -103,6 +105,11 @@ class _Done:
 class RecordedBuilder:
     """Builds nothing: every config is handed to the recorded runner."""
 
+    workers = 1
+
+    def __init__(self) -> None:
+        self.watch = Stopwatch()
+
     def submit(self, expr: Any, problem: object, configs: Sequence[Config]) -> list[_Done]:
         return [_Done(BuildResult(c, None, 0.0)) for c in configs]
 
@@ -110,13 +117,26 @@ class RecordedBuilder:
         return future.result()
 
 
-class RecordedRunner:
+class RecordedRunner(OneRunner):
     """Serves a recording's timings; counts what it was asked to measure."""
+
+    name = "recorded:0"
 
     def __init__(self, recording: Recording) -> None:
         self.recording = recording
         self.measured: list[Config] = []
         self.stopped = 0  # candidates the GPU worker would have stopped timing early
+        self.watch = Stopwatch()
+
+    def device_info(self) -> dict:
+        """The recorded GPU's facts."""
+        return self.recording.device
+
+    def head_to_head(self, expr: Any, config: Config) -> dict:
+        """The recorded median of `config` against the recorded eager torch time."""
+        torch_ms = self.recording.torch_ms
+        return {"ours_ms": self.recording.result(config).t_median, "alternatives": {"torch": torch_ms},
+                "best_alternative": "torch", "best_alternative_ms": torch_ms, "compile_error": ""}
 
     def measure(self, expr: Any, config: Config, compile_s: float = 0.0, best_ms: float | None = None) -> MeasureResult:
         self.measured.append(config)

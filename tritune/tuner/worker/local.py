@@ -1,4 +1,4 @@
-"""Runner: one GPU worker process that checks and times candidates, isolated from the tuner.
+"""The local runner: one GPU worker process that checks and times candidates, isolated from the tuner.
 
 A candidate that corrupts the CUDA context or hangs takes only the worker down: the parent sees
 the crash (or its own timeout), records CRASH/TIMEOUT, and starts a fresh worker for the next one.
@@ -16,9 +16,10 @@ from typing import Any, Callable
 from tritune.records.result import MeasureResult, Status
 from tritune.schedules.config import Config
 from tritune.tuner.breakdown import Stopwatch
-from tritune.tuner.failures import classify
-from tritune.tuner.lifeline import bind_to_parent
-from tritune.tuner.measure import Timing
+from tritune.tuner.worker.failures import classify
+from tritune.tuner.worker.lifeline import bind_to_parent
+from tritune.tuner.timing import Timing
+from tritune.tuner.worker.protocol import OneRunner
 
 STARTUP_TIMEOUT_S = 120.0
 
@@ -27,15 +28,15 @@ def gpu_handlers(timing: Timing) -> dict[str, Callable[[dict], Any]]:
     """The worker's request handlers on a real GPU."""
     import torch
 
-    from tritune.tuner import measure
+    from tritune.tuner.worker import candidate
 
     # the float64 reference must not silently drop to tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     return {
         "info": lambda p: _device(p.get("device")),
-        "measure": lambda p: measure.measure_candidate(p["expr"], p["config"], p["seed"], timing, p.get("best_ms")),
-        "torch": lambda p: measure.measure_torch(p["expr"], p["seed"], timing),
-        "head_to_head": lambda p: measure.head_to_head(p["expr"], p["config"], p["seed"]),
+        "measure": lambda p: candidate.measure_candidate(p["expr"], p["config"], p["seed"], timing, p.get("best_ms")),
+        "torch": lambda p: candidate.measure_torch(p["expr"], p["seed"], timing),
+        "head_to_head": lambda p: candidate.head_to_head(p["expr"], p["config"], p["seed"]),
     }
 
 
@@ -92,10 +93,8 @@ class DeviceLost(WorkerDied):
     """A worker could not be (re)started: its device is gone, not just one candidate's run."""
 
 
-class Runner:
-    """Measures candidates on the GPU through a restartable worker process."""
-
-    parallel = 1  # candidates it measures at once
+class LocalRunner(OneRunner):
+    """Measures candidates on one GPU of this host through a restartable worker process."""
 
     def __init__(self, timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
                  handlers: Callable[[Timing], dict] = gpu_handlers, device: int | None = None,
@@ -232,7 +231,7 @@ class Runner:
         return self._checked("torch", {"expr": expr, "seed": self.seed})
 
     def head_to_head(self, expr: Any, config: Config) -> dict:
-        """Median ms of the tuned kernel and of PyTorch, alternated in one process (`measure.COMPARE` budgets)."""
+        """Median ms of the tuned kernel and of PyTorch, alternated in one process (`timing.COMPARE` budgets)."""
         return self._checked("head_to_head", {"expr": expr, "config": config, "seed": self.seed})
 
     def _checked(self, kind: str, payload: dict) -> Any:
@@ -252,7 +251,7 @@ class Runner:
                 pass
         self._kill()
 
-    def __enter__(self) -> "Runner":
+    def __enter__(self) -> "LocalRunner":
         return self
 
     def __exit__(self, kind: Any, *exc: Any) -> None:
@@ -294,10 +293,31 @@ class Runners:
         """Worker replacements on every device."""
         return sum(r.restarts for r in self.each)
 
+    @property
+    def parallel(self) -> int:
+        """Candidates the group measures at once."""
+        return sum(r.parallel for r in self.each)
+
+    @property
+    def lost(self) -> bool:
+        """Every device of the group is gone."""
+        return all(r.lost for r in self.each)
+
+    @property
+    def name(self) -> str:
+        """The GPU that answers for the group (its first that is not lost)."""
+        return self._first().name
+
     def device_info(self) -> dict:
+        """The GPU facts of the group (one GPU model: `gpus.start` refuses a mix)."""
         return self._first().device_info()
 
+    def measure(self, expr: Any, config: Config, compile_s: float = 0.0, best_ms: float | None = None) -> MeasureResult:
+        """One candidate on the first device (the measurer spreads candidates over `each` itself)."""
+        return self._first().measure(expr, config, compile_s, best_ms)
+
     def head_to_head(self, expr: Any, config: Config) -> dict:
+        """The end-of-run comparison, on the first device."""
         return self._first().head_to_head(expr, config)
 
     def _first(self) -> Any:
@@ -305,5 +325,6 @@ class Runners:
         return next((r for r in self.each if not r.lost), self.each[0])
 
     def close(self, now: bool = False) -> None:
+        """Stop every device's worker."""
         for runner in self.each:
             runner.close(now)

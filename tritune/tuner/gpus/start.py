@@ -1,0 +1,116 @@
+"""This host's GPUs for a run: the options a run is given, `--devices` parsed, the GPU workers (one
+per device) and the compile pool started together, and a session that stops them at the end. With
+`--cluster`, the GPUs are the cluster's hosts (`gpus.cluster_client`)."""
+from __future__ import annotations
+
+import importlib
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable, Iterator
+
+from tritune.records.result import Status
+from tritune.settings import SETTINGS
+from tritune.tuner.builder import Builder
+from tritune.tuner.prior import preload
+from tritune.tuner.task import device_limits, device_target
+from tritune.tuner.timing import Timing
+from tritune.tuner.worker.local import LocalRunner, Runners, WorkerDied
+from tritune.tuner.worker.protocol import Runner
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """The knobs of a tuning run, as given on the command line."""
+
+    trials: int = 128
+    strategy: str = "sa"
+    seed: int = 0
+    batch_size: int = 32
+    early_stop: int | None = None
+    timeout_s: float = 30.0
+    workers: int | None = None
+    faults: tuple[str, ...] = ()
+    prior: str = "all"  # what warm-starts the cost model: "all" (database + shipped), "db", "none"
+    verbose: bool = False  # also print where the run's time went
+    devices: tuple[int, ...] | str | None = None  # GPUs to measure on: indices, "all", or None (the first)
+    cluster: str | None = None  # a Dask scheduler's address: measure on its GPU hosts (`tune-cli worker`)
+    cluster_wait_s: float = 30.0  # how long to wait for a first GPU host to join the cluster
+
+
+def parse_devices(text: str | None) -> tuple[int, ...] | str | None:
+    """`--devices`: "0,1" (indices), "all", or None (the first GPU); ValueError names a bad one."""
+    if text is None or text.strip() == "all":
+        return None if text is None else "all"
+    try:
+        indices = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"bad --devices {text!r}: GPU indices such as 0,1, or all") from None
+    if not indices or min(indices) < 0 or len(set(indices)) != len(indices):
+        raise ValueError(f"bad --devices {text!r}: distinct GPU indices such as 0,1, or all")
+    return indices
+
+
+def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0, workers: int | None = None,
+              meanwhile: Callable[[], None] | None = None,
+              devices: tuple[int, ...] | str | None = None) -> tuple[Runner | Runners, Builder]:
+    """Start the GPU workers (one per device of `devices`, see `parse_devices`) and the compile pool
+    together; while the first worker comes up (seconds of imports and CUDA start), load what the
+    run will need and run `meanwhile` (e.g. capturing a model); then give the pool the device's
+    target. The pool is one per host, shared by every device."""
+    fake = importlib.import_module(SETTINGS.fake_gpu) if SETTINGS.fake_gpu else None
+    make = partial(LocalRunner, timing, timeout_s=timeout_s, seed=seed, **({"handlers": fake.handlers} if fake else {}))
+    runner = first = make(device=0 if devices == "all" else devices[0] if devices else None)
+    builder = None
+    try:
+        first.start()
+        builder = Builder(workers=workers)
+        if fake:
+            builder.build = fake.build
+        preload()
+        if meanwhile is not None:
+            meanwhile()
+        info = first.device_info()
+        builder.start(device_target(info), device_limits(info).shared_bytes)
+        indices = range(info.get("device_count", 1)) if devices == "all" else devices or ()
+        if len(indices) > 1:
+            runner = Runners([first] + [make(device=i, watch=first.watch) for i in indices[1:]])
+            _same_gpus(runner)
+    except BaseException:
+        if builder is not None:
+            builder.close(now=True)
+        runner.close(now=True)
+        raise
+    return runner, builder
+
+
+def _same_gpus(runners: Runners) -> None:
+    """Start every device's worker; timings are compared across devices, so they must be one GPU model."""
+    for r in runners.each:
+        r.start()
+    infos = [r.device_info() for r in runners.each]
+    keys = {(i["gpu"], i["capability"]) for i in infos}
+    if len(keys) > 1:
+        listed = ", ".join(f"{i.get('device')}: {i['gpu']}" for i in infos)
+        raise WorkerDied(Status.CRASH, f"the devices are different GPUs ({listed}); tune each kind in a run of its own")
+
+
+@contextmanager
+def gpu_session(options: TuneOptions, meanwhile: Callable[[], None] | None = None) -> Iterator[tuple[Runner, Builder]]:
+    """One GPU worker and compile pool, for tuning one workload or several in turn (`meanwhile`
+    runs while they start); both are stopped at the end, at once if the run was interrupted or failed.
+    With `options.cluster`, the GPUs are the cluster's hosts (`gpus.cluster_client`)."""
+    if options.cluster:
+        from tritune.tuner.gpus.cluster_client import connect
+
+        runner, builder = connect(options.cluster, options.cluster_wait_s, meanwhile)
+    else:
+        runner, builder = start_gpu(timeout_s=options.timeout_s, seed=options.seed, workers=options.workers,
+                                    meanwhile=meanwhile, devices=options.devices)
+    interrupted = True
+    try:
+        yield runner, builder
+        interrupted = False
+    finally:
+        builder.close(now=interrupted)
+        runner.close(now=interrupted)

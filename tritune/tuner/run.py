@@ -1,0 +1,183 @@
+"""A tuning run: tune one workload or several on a started GPU session, compare each best with the
+fastest alternative a user has without tritune, and store the verdict that replay follows.
+
+The run prints nothing: it reports through a `Report` (as AutoTVM's `Tuner.tune` takes callbacks),
+which the CLI implements for the terminal (`cli.display.Terminal`); the Python API's default says
+nothing."""
+from __future__ import annotations
+
+import time
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
+from typing import Any, Callable, Sequence
+
+from tritune.kernels.family import rate_text
+from tritune.records.database import Database
+from tritune.records.result import MeasureResult
+from tritune.search import make_strategy
+from tritune.tuner import breakdown
+from tritune.tuner.builder import Builder
+from tritune.tuner.gpus.spread import spread
+from tritune.tuner.gpus.start import TuneOptions, gpu_session
+from tritune.tuner.prior import prior_for
+from tritune.tuner.task import Task, best_of, device_task
+from tritune.tuner.tuner import Tuner
+from tritune.tuner.worker.protocol import Runner
+
+
+class Report:
+    """What a run tells as it goes; each method here says nothing."""
+
+    def running(self) -> AbstractContextManager:
+        """Around workloads tuned at once (they share one progress display)."""
+        return nullcontext()
+
+    def started(self, expr: Any, trials: int) -> Callable[[MeasureResult], None]:
+        """A workload's search starts; the callable is told of each result as it comes."""
+        return lambda result: None
+
+    def note(self, text: str, problem: bool = False) -> None:
+        """One line about a workload (`problem`: something went wrong)."""
+
+    def searched(self, history: Sequence[MeasureResult], restarts: int) -> None:
+        """A workload's search is over: every trial, and how often a GPU worker was replaced."""
+
+    def finished(self, expr: Any, best: MeasureResult, h2h: dict, gpu: str) -> None:
+        """A workload's best against every alternative (the head-to-head), and what replay runs."""
+
+    def timed(self, times: dict) -> None:
+        """Where a workload's time went (`breakdown.summary`), when asked for (`verbose`)."""
+
+
+SILENT = Report()
+
+
+def tune_all(exprs: Sequence[Any], db: Database, options: TuneOptions, trials: Sequence[int] | None = None,
+             announce: Callable[[int, Any, int], None] | None = None,
+             gpu: tuple[Runner, Builder] | None = None, report: Report = SILENT) -> list[dict]:
+    """Tune several workloads on one session's GPUs and compile pool (`gpu`, a started
+    `gpu_session`, else one started here: starting them costs seconds per workload otherwise),
+    each with its `trials` (default: the options'); their summaries, in order. Workloads come
+    largest first: each GPU (each host of a cluster) tunes one at a time, and once none waits, the
+    free ones join the last (`spread`). `announce(i, expr, trials)` runs as each starts."""
+    if not exprs:
+        return []
+    if gpu is None:
+        with gpu_session(options) as started:
+            return tune_all(exprs, db, options, trials, announce, started, report)
+    budgets = list(trials) if trials is not None else [options.trials] * len(exprs)
+    runner, builder = gpu
+    tasks = [device_task(expr, runner.device_info()) for expr in exprs]
+    spaces = [None] + _enumerate_ahead(tasks[1:], builder)
+
+    def one(i: int, group: Runner) -> dict:
+        if announce is not None:
+            announce(i, tasks[i].expr, budgets[i])
+        if spaces[i] is not None:
+            _take_valid(tasks[i], spaces[i])
+        with Database(db.path, checked=True) as own:  # SQLite: a connection per thread
+            return tune(tasks[i].expr, own, replace(options, trials=budgets[i]), (group, builder), tasks[i], report)
+
+    with report.running():
+        return spread(one, budgets, runner.each)
+
+
+def valid_indices(task: Task) -> Any:
+    """The valid configs of a task's space (run in a pool process)."""
+    return task.space.valid_indices
+
+
+def _enumerate_ahead(tasks: Sequence[Task], builder: Builder) -> list[Any]:
+    """Start enumerating the spaces of later workloads in the compile pool (seconds each for
+    mid-size matmuls) while the first ones tune; a future per task."""
+    return [builder.background(valid_indices, task) for task in tasks]
+
+
+def _take_valid(task: Task, future: Any) -> None:
+    """Give a task the space enumerated in the pool (else it enumerates its own when first asked)."""
+    try:
+        task.space.__dict__["valid_indices"] = future.result()  # fills the cached property
+    except Exception:  # noqa: BLE001 - a pool that died: the task enumerates in this process
+        pass
+
+
+def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Builder] | None = None,
+         task: Task | None = None, report: Report = SILENT) -> dict:
+    """Tune `expr`, judge its best against the alternatives, and return the summary numbers; `gpu`
+    is a started `gpu_session` to reuse (else one is started for this workload alone), `task` the
+    expression's task on that GPU where already made."""
+    if gpu is None:
+        with gpu_session(options) as started:
+            return tune(expr, db, options, started, task, report)
+    start = time.time()
+    runner, builder = gpu
+    before = [w.snapshot() for w in (runner.watch, builder.watch)]
+    task = task or device_task(expr, runner.device_info())
+    nothing = {"workload": expr.to_dict(), "trials": 0, "best_config": None, "space_valid": 0}
+    if not len(task.space.valid_indices):
+        report.note(f"{expr.describe()}: no config of the space can run on this GPU", problem=True)
+        return nothing
+    strategy = make_strategy(options.strategy, task.space, seed=options.seed, features=task.featurize,
+                             prior=prior_for(db, task, options.prior))
+    with report.running():
+        history, loop = _search(task, strategy, builder, runner, db, options, report)
+    best = best_of(history)
+    report.searched(history, runner.restarts)
+    if best is None:
+        report.note("no candidate ran correctly", problem=True)
+        return {**nothing, "trials": len(history), "space_valid": len(task.space.valid_indices)}
+    best, h2h = _judge(db, task, history, best, runner.head_to_head(expr, best.config))
+    report.finished(expr, best, h2h, task.device.gpu)
+    spent = [w.since(b) for w, b in zip((runner.watch, builder.watch), before)]
+    times = breakdown.summary(time.time() - start, loop, *spent, builder.workers, len(runner.each))
+    if options.verbose:
+        report.timed(times)
+    return {**_summary(expr, task, history, best, h2h, times["wall"]), "time": times}
+
+
+# A tuned kernel replaces the library only when it beats every alternative by this fraction: the
+# head-to-head itself reads one cuBLAS call 6% apart in two turns at 10 us (BENCHMARKS.md), and a
+# near-tie is not worth leaving the library for.
+KERNEL_MARGIN = 0.03
+
+
+def _judge(db: Database, task: Task, history: list, best: MeasureResult, h2h: dict) -> tuple:
+    """Store what replay runs, from the head-to-head (long runs, in turns; the search's short runs
+    can misorder near-ties): the tuned kernel where it beat every alternative by KERNEL_MARGIN, else
+    the fastest library call (a compiled model then leaves the site to Inductor). Returns that
+    trial, and the head-to-head with it as "ours" (the kernel's time kept as `tuned_kernel_ms`)."""
+    libraries = {r.config.library: r for r in history if r.ok and r.config.library is not None}
+    timed = {name: ms for name, ms in h2h["alternatives"].items() if name in libraries}
+    beaten = h2h["ours_ms"] <= (1 - KERNEL_MARGIN) * h2h["best_alternative_ms"]
+    if best.config.library is None and not beaten and timed:
+        name = min(timed, key=timed.get)
+        best, h2h = libraries[name], {**h2h, "tuned_kernel_ms": h2h["ours_ms"], "ours_ms": timed[name]}
+    db.save_verdict(task.expr.key, task.device, best.config, h2h)
+    return best, h2h
+
+
+def _search(task: Task, strategy: Any, builder: Builder, runner: Runner, db: Database, options: TuneOptions,
+            report: Report) -> tuple[list, dict]:
+    """The tuning loop for one task: its history, and where the loop's time went."""
+    tuner = Tuner(task, strategy, builder, runner, db, options.batch_size, options.early_stop,
+                  options.faults, report.started(task.expr, options.trials))
+    history = tuner.run(options.trials)
+    if len(tuner.per_device) > 1:  # each GPU's share of the measurements
+        report.note(f"{task.expr.describe()}: measured per GPU: " + ", ".join(
+            f"{name}: {n}" for name, n in sorted(tuner.per_device.items())))
+    if tuner.stored:
+        report.note(f"resumed: {len(tuner.stored)} trials were already stored")
+    return history, tuner.watch.snapshot()
+
+
+def _summary(expr: Any, task: Task, history: list, best: MeasureResult, h2h: dict, wall_s: float) -> dict:
+    return {
+        "workload": expr.to_dict(), "device": task.device.__dict__, "trials": len(history),
+        "statuses": {s: sum(r.status.value == s for r in history) for s in {r.status.value for r in history}},
+        "best_config": dict(best.config), "best_median_ms": best.t_median,
+        "final_ours_ms": h2h["ours_ms"], "alternatives_ms": h2h["alternatives"],
+        "best_alternative": h2h["best_alternative"], "best_alternative_ms": h2h["best_alternative_ms"],
+        "ours_rate": rate_text(expr, h2h["ours_ms"]),
+        "ratio_vs_best_alternative": h2h["best_alternative_ms"] / h2h["ours_ms"], "wall_s": wall_s,
+        "space_valid": len(task.space.valid_indices), "space_size": task.space.size,
+    }

@@ -1,0 +1,190 @@
+"""The one timing authority: how tritune times a kernel (a candidate, a library call, a comparison),
+a call, and a whole compiled model. The worker, the whole-model check and the benchmark scripts all
+time through here, so that every number in a table was taken the same way.
+
+- Kernels: CUDA events around each run, L2 flushed before each (`time_fn`, `time_candidate`).
+- Calls and compiled models: mean time per call of calls back to back, as a serving loop issues them
+  (`per_call_ms`), or the host's own time per launch (`host_ms_per_launch`).
+- Comparisons: functions timed in turns, in an order shuffled per round (`in_turns`), compared by
+  round (`paired_ratio`).
+
+torch and Triton are imported where they are used: the tuning process reads `Timing` without them.
+"""
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+QUANTILES = (0.0, 0.2, 0.5, 0.8)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long to time: warm-up and repetition budgets in milliseconds of kernel time; for
+    candidates also how many runs decide that one is a loser, and the bounds on the runs timed."""
+
+    warmup_ms: float = 10.0
+    rep_ms: float = 20.0
+    first_runs: int = 5
+    min_runs: int = 20
+    max_runs: int = 300
+
+
+# Comparisons that are reported (the end-of-run head-to-head, benchmarks) time longer than candidates.
+COMPARE = Timing(warmup_ms=25.0, rep_ms=100.0)
+
+# A candidate whose fastest of its first runs is this much slower than the best median so far is not
+# timed further: the spread of a config's runs stays far below this on the recorded spaces (see
+# tests/test_timing.py), so it cannot be the best.
+LOSER = 1.25
+
+
+def clearly_slower(fastest_ms: float, best_ms: float | None) -> bool:
+    """True when a candidate's fastest run so far already loses to the best median by LOSER."""
+    return best_ms is not None and fastest_ms > LOSER * best_ms
+
+
+def runs_for(estimate_ms: float, timing: Timing) -> int:
+    """How many runs fill the repetition budget for a kernel of this runtime (within the bounds)."""
+    return int(min(timing.max_runs, max(timing.min_runs, timing.rep_ms / max(estimate_ms, 1e-6))))
+
+
+def time_fn(fn: Callable[[], Any], timing: Timing) -> tuple[float, ...]:
+    """(min, p20, median, p80) in ms: warmed up, L2 flushed before each run, CUDA events."""
+    from triton.testing import do_bench
+
+    return tuple(float(t) for t in do_bench(fn, warmup=timing.warmup_ms, rep=timing.rep_ms,
+                                            quantiles=list(QUANTILES)))
+
+
+def time_candidate(fn: Callable[[], Any], timing: Timing, best_ms: float | None = None) -> tuple[tuple[float, ...], int, bool]:
+    """(min, p20, median, p80) ms of a candidate, how many runs were timed, and whether timing
+    stopped early because the candidate is clearly slower than `best_ms`. L2 is flushed before
+    each timed run (as triton's do_bench does), after a warm-up of `timing.warmup_ms`."""
+    warm_up(fn, timing)
+    first = timed_runs(fn, timing.first_runs)
+    if clearly_slower(min(first), best_ms):
+        return quantiles(first), len(first), True
+    rest = timed_runs(fn, max(0, runs_for(statistics.median(first), timing) - len(first)))
+    return quantiles(first + rest), len(first) + len(rest), False
+
+
+def warm_up(fn: Callable[[], Any], timing: Timing) -> None:
+    """Run fn for about `timing.warmup_ms` (clocks up, caches and the launch path warm)."""
+    estimate = timed_runs(fn, 1)[0]
+    for _ in range(int(min(timing.max_runs, max(1, timing.warmup_ms / max(estimate, 1e-6))))):
+        fn()
+
+
+def timed_runs(fn: Callable[[], Any], runs: int) -> list[float]:
+    """ms of each of `runs` runs, each after an L2 flush, by CUDA events."""
+    import torch
+
+    flush = _flush_buffer()
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(runs)]
+    for start, end in pairs:
+        flush.zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) for start, end in pairs]
+
+
+def quantiles(times: list[float]) -> tuple[float, ...]:
+    """(min, p20, median, p80) of run times, interpolated as do_bench reports them."""
+    import numpy as np
+
+    return tuple(float(q) for q in np.quantile(times, QUANTILES))
+
+
+_flush: list = []
+
+
+def _flush_buffer() -> Any:
+    """256 MB on the GPU, zeroed before each timed run so that no run finds its operands in L2."""
+    import torch
+
+    if not _flush:
+        _flush.append(torch.empty(64 * 2**20, dtype=torch.int32, device="cuda"))
+    return _flush[0]
+
+
+def kernel_median_ms(timing: Timing) -> Callable[[Callable[[], Any]], float]:
+    """A timer for `in_turns`: a kernel's median ms by `time_fn` with these budgets."""
+    return lambda fn: time_fn(fn, timing)[2]
+
+
+def in_turns(fns: dict[str, Callable[[], Any]], time_one: Callable[[Callable[[], Any]], float], rounds: int,
+             after_round: Callable[[dict], None] | None = None) -> dict[str, list[float]]:
+    """Each function's time (by `time_one`) in each of `rounds` rounds, the functions timed in turns
+    in an order shuffled per round (seeded: the same order every run): the GPU's clocks and a shared
+    host's speed come and go within seconds (one model's decode step read 0.72 and 1.40 ms in
+    rounds of one run), so a round's functions run close together and no function always runs right
+    after another (compare by round: `paired_ratio`). `after_round` gets the times so far."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    order = list(fns)
+    for round_ in range(rounds):
+        random.Random(round_).shuffle(order)
+        for name in order:
+            times[name].append(time_one(fns[name]))
+        if after_round is not None:
+            after_round(times)
+    return times
+
+
+def paired_ratio(ours: Sequence[float], theirs: Sequence[float]) -> float:
+    """The median over rounds of ours / theirs timed in the same round."""
+    return statistics.median(o / t for o, t in zip(ours, theirs))
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def per_call_ms(fn: Callable[[], Any], budget_s: float = 0.01) -> float:
+    """Mean ms per call of calls back to back (the host queues the next while the GPU runs this
+    one, as a serving loop does; no cache flush between calls) over about `budget_s`, after a
+    warm-up."""
+    for _ in range(2):
+        fn()
+    _sync()
+    start = time.perf_counter()
+    fn()
+    _sync()
+    calls = max(3, int(budget_s / max(time.perf_counter() - start, 1e-6)))
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    _sync()
+    return (time.perf_counter() - start) * 1e3 / calls
+
+
+def host_ms_per_launch(fn: Callable[[], Any], calls: int = 400, rounds: int = 5) -> float:
+    """The median over `rounds` of the host's own time per asynchronous launch (give it a tiny
+    problem, so that the GPU is never the limit and the launch queue never fills)."""
+    times = []
+    for _ in range(rounds):
+        _sync()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) * 1e3 / calls)
+        _sync()
+    return statistics.median(times)
+
+
+def step_caller(compiled: Callable[..., Any], inputs: Sequence[Any], cuda_graphs: bool) -> Callable[[], Any]:
+    """One call of a compiled model, to time; under CUDA graphs a new step begins first (a replay
+    may overwrite the last step's output, which torch refuses unless told)."""
+    import torch
+
+    if not cuda_graphs:
+        return lambda: compiled(*inputs)
+    return lambda: (torch.compiler.cudagraph_mark_step_begin(), compiled(*inputs))[1]
