@@ -95,7 +95,7 @@ def on_host(method: str, *args: Any) -> tuple[str, Any]:
 
 def serve(scheduler: str, start: Callable[[], tuple[Any, Builder]], name: str | None = None,
           announce: Callable[[str], None] = print) -> None:
-    """`tune-cli worker`: start this host's GPU workers and compile pool (`start`, e.g. the session's
+    """`tune-cli worker`: start this host's GPU workers and compile pool (`start`, e.g.
     `start_gpu`), join the scheduler, and serve tune-cli runs until stopped or the scheduler goes."""
     reachable(scheduler)  # before seconds of GPU start-up
     runner, builder = start()
