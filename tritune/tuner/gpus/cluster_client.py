@@ -2,7 +2,7 @@
 scheduler as one runner, and nothing compiled here (see `tritune.tuner.gpus.cluster`)."""
 from __future__ import annotations
 
-import sys
+import logging
 import threading
 import time
 from typing import Any, Callable
@@ -17,6 +17,10 @@ from tritune.tuner.gpus.cluster import CONNECT_TIMEOUT_S, ClusterError, reachabl
 from tritune.tuner.gpus.cluster_host import on_host
 from tritune.tuner.worker.local import DeviceLost, Runners
 from tritune.tuner.worker.protocol import OneRunner
+
+# hosts left out of a run (another GPU model or versions): without a handler, Python's last-resort
+# handler prints the warning on stderr, as the CLI wants it
+LOG = logging.getLogger("tritune.cluster")
 
 
 class RemoteHost(OneRunner):
@@ -168,8 +172,8 @@ def _hosts(cluster: _Cluster, address: str, wait_s: float) -> list[RemoteHost]:
         if info["keys"] == mine:
             hosts.append(RemoteHost(cluster, a, info))
         else:
-            print(f"tune-cli: left out host {info['name']}: {info['gpu']} with Triton {info['triton']}, torch "
-                  f"{info['torch']} and its tritune differ from {first['name']}'s or this process's", file=sys.stderr)
+            LOG.warning(f"tune-cli: left out host {info['name']}: {info['gpu']} with Triton {info['triton']}, torch "
+                        f"{info['torch']} and its tritune differ from {first['name']}'s or this process's")
     if not hosts:
         raise ClusterError(f"the hosts at {address} run another tritune than this process")
     return hosts
