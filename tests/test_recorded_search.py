@@ -75,13 +75,11 @@ def test_the_shipped_prior_leaves_out_the_tuned_workload_and_other_gpu_generatio
     assert bundled_prior(task(some.expr, "8.0")) is None  # an A100 learns nothing from Hopper timings
 
 
-def test_merge_recordings_joins_parts_and_refuses_overlaps(tmp_path, monkeypatch):
+def test_merge_recordings_joins_parts_and_refuses_overlaps(tmp_path, capsys):
     import gzip
     import json
-    import sys
 
-    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
-    import merge_recordings
+    from tritune.tuner.cli import main
 
     src = LEGACY / "space_4096_plain_fp16.jsonl.gz"
     with gzip.open(src, "rt") as fp:
@@ -90,12 +88,12 @@ def test_merge_recordings_joins_parts_and_refuses_overlaps(tmp_path, monkeypatch
     for path, chunk in zip(parts, (rows[:300], rows[300:])):
         path.write_text(meta + "".join(chunk))
     out = tmp_path / "all.jsonl.gz"
-    monkeypatch.setattr(sys, "argv", ["merge", str(out), *map(str, parts)])
-    merge_recordings.main()
+    main(["recording", "merge", str(out), *map(str, parts)])
     merged, original = Recording.load(out), Recording.load(src)
     assert merged.rows == original.rows and merged.expr == original.expr
     with gzip.open(out, "rt") as fp:
         assert json.loads(fp.readline())["meta"]["space_valid"] == len(rows)
-    monkeypatch.setattr(sys, "argv", ["merge", str(out), str(parts[0]), str(parts[0])])
-    with pytest.raises(SystemExit, match="more than one part"):
-        merge_recordings.main()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        main(["recording", "merge", str(out), str(parts[0]), str(parts[0])])
+    assert stop.value.code == 2 and capsys.readouterr().err == "tune-cli: a config is in more than one part\n"

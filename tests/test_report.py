@@ -1,6 +1,5 @@
 """tune-cli report from recorded H100 trials: files written, JSON consistent with the table, clear errors."""
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,9 +9,8 @@ from tritune.records.database import Database
 from tritune.records.result import MeasureResult, Status
 from tritune.schedules.config import Config
 from tritune.tuner.cli import main
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
-import import_recording  # noqa: E402
+from tritune.tuner.recordings import Recording
+from tritune.tuner.recordings.pipeline import to_database
 
 SPACES = Path(__file__).parent / "fixtures" / "spaces" / "legacy"
 
@@ -23,7 +21,7 @@ def db_path(tmp_path_factory):
     with Database(path) as db:
         # two plain-tiling recordings from one device (H100), so held-out transfer between them is measured
         for name in ("space_3000x5000x1000_plain_fp16.jsonl.gz", "space_4096_plain_fp16.jsonl.gz"):
-            import_recording.load(db, str(SPACES / name))
+            to_database(db, Recording.load(SPACES / name))
         for row in db.best_rows():  # a tuning run stores the library call beside the schedules
             db.save(row.workload_key, row.device, [MeasureResult(Config.of(library="mm"), Status.OK, *[0.1] * 4)])
     return path
