@@ -107,3 +107,34 @@ class Projections(nn.Module):
     def forward(self, x):
         q, k, v = self.q(x), self.k(x), self.v(x)
         return q * 2, k.transpose(-1, -2) @ v, torch.relu(self.gate(x)), self.k(q)
+
+
+class Block(nn.Module):
+    """One pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)); attention with q,
+    k, v and o projections (causal scaled-dot-product attention), the MLP up, gelu (tanh), down.
+    At its default sizes (hidden 4096, 32 heads, MLP 4x, on 2048 tokens), an example for
+    `tune-cli tune-model --model tests/models.py:block --input-shape 1,2048,4096 --dtype fp16`:
+    q, k and v are one workload (2048x4096x4096 + bias), o another (the same with its residual add
+    fused), up is 2048x16384x4096 + bias + gelu, down 2048x4096x16384 + bias + residual."""
+
+    def __init__(self, hidden: int = 4096, heads: int = 32, mlp_ratio: int = 4) -> None:
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"hidden size {hidden} is not a multiple of {heads} heads")
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.q, self.k, self.v, self.o = (nn.Linear(hidden, hidden) for _ in range(4))
+        self.up, self.down = nn.Linear(hidden, mlp_ratio * hidden), nn.Linear(mlp_ratio * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        y = self.norm1(x)
+        q, k, v = (p(y).view(b, t, self.heads, h // self.heads).transpose(1, 2) for p in (self.q, self.k, self.v))
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(attn.transpose(1, 2).reshape(b, t, h))
+        return x + self.down(F.gelu(self.up(self.norm2(x)), approximate="tanh"))
+
+
+def block(hidden: int = 4096, heads: int = 32) -> Block:
+    """The factory `--model tests/models.py:block` names: a block at the default sizes."""
+    return Block(hidden, heads)

@@ -1,5 +1,4 @@
 """extract_tasks: contractions, layouts and fused epilogues found in small models, with counts."""
-import sys
 from pathlib import Path
 
 import pytest
@@ -8,12 +7,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import tritune
-from models import AWKWARD_TASKS, Awkward, awkward_inputs
+from models import AWKWARD_TASKS, Awkward, Block, awkward_inputs
 from tritune.kernels.epilogue import BiasAdd, Binary, Gelu, Input, Scale
 from tritune.kernels.frontend.extract import ExtractError
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
-import example_model  # noqa: E402
 
 
 def summary(tasks):
@@ -39,7 +35,7 @@ def test_meta_device_and_half_precision_give_the_same_workloads():
 
 def test_transformer_block():
     # on the device it runs on: on meta, attention would trace as its math form (two bmm)
-    model = example_model.Block(hidden=64, heads=4).half()
+    model = Block(hidden=64, heads=4).half()
     tasks = tritune.extract_tasks(model, torch.empty(2, 24, 64, dtype=torch.float16))
     # q, k, v as one wide GEMM; o and down with their residual add fused
     assert summary(tasks) == [("wide 48x(64+64+64)x64 fp16 +bias", 1), ("matmul 48x64x64 fp16 NT+bias+add", 1),

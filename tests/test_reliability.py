@@ -16,13 +16,11 @@ from pathlib import Path
 import pytest
 
 import fake_worker
+import kill_harness
 from fakes import FakeBuilder
 from tritune.records.database import Database
 from tritune.tuner.gpus import start
 from tritune.tuner.worker.local import LocalRunner
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
-import kill_test  # noqa: E402
 
 TESTS = Path(__file__).parent
 
@@ -49,18 +47,18 @@ def fake_gpu(tmp_path, monkeypatch):
 
 def test_sigkill_at_20_random_moments_loses_only_the_trial_in_flight(fake_gpu):
     rng = random.Random(0)
-    stops = [kill_test.run(RUN, fake_gpu, rng.uniform(0.5, 6.0)) for _ in range(20)]
+    stops = [kill_harness.run(RUN, fake_gpu, rng.uniform(0.5, 6.0)) for _ in range(20)]
     for stop in stops:
         assert stop["exit"] == -signal.SIGKILL and stop["integrity"] == "ok", stop
         assert stop["orphans"] == 0 and stop["lost"] <= 1 and stop["remeasured"] == 0, stop
     assert sum(s["stored"] for s in stops) > 100  # the kills came while trials were being measured
-    rest = kill_test.run(tune(stops[-1]["total"] + 40), fake_gpu, None)
+    rest = kill_harness.run(tune(stops[-1]["total"] + 40), fake_gpu, None)
     assert rest["exit"] == 0 and rest["stored"] == 40 and rest["remeasured"] == 0, rest
 
 
 @pytest.mark.parametrize("sig, code, word", [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "SIGINT")])
 def test_sigterm_and_sigint_store_what_was_measured_and_stop_the_children(fake_gpu, sig, code, word):
-    stop = kill_test.run(RUN, fake_gpu, 0.5, sig, after_trials=5)  # stopped while measuring
+    stop = kill_harness.run(RUN, fake_gpu, 0.5, sig, after_trials=5)  # stopped while measuring
     assert stop["exit"] == code and stop["last_line"].startswith("tune-cli: ") and word in stop["last_line"]
     assert stop["integrity"] == "ok" and stop["orphans"] == 0 and stop["stored"] > 0 and stop["lost"] <= 1
 
@@ -76,7 +74,7 @@ def test_four_tuners_on_one_database_measure_nothing_twice(fake_gpu):
     assert not any("locked" in e for e in errors)
     measured = Path(os.environ["FAKE_GPU_LOG"]).read_text().split()
     assert len(measured) == len(set(measured))  # no config measured twice
-    assert kill_test.integrity(fake_gpu) == "ok" and kill_test.stored_keys(fake_gpu) == set(measured)
+    assert kill_harness.integrity(fake_gpu) == "ok" and kill_harness.stored_keys(fake_gpu) == set(measured)
     # the budget, plus what was in flight in the others (two rounds of 8 each: the pipeline's depth)
     assert 200 <= len(measured) <= 200 + 4 * 2 * 8
 

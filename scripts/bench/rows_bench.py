@@ -2,12 +2,13 @@
 eager and torch.compile (default mode) on the same inputs, in one run; prints a compact table last
 and writes JSON.
 
-Usage: python scripts/rows_bench.py [--trials 48] [--dtype fp16] [--only 0,2] [--rounds 3] [--out DIR]
+Usage: python -m scripts.bench.rows_bench [--trials 48] [--dtype fp16] [--only 0,2] [--rounds 3] [--out DIR]
 
 Tuning is `tune-cli run`'s, one workload after the other on one GPU worker and compile pool
 (`tritune.tuner.run.tune_all`; a fresh database in --out, `sa` warm-started from the workloads
 tuned before). The comparison then runs in this process: each round times ours, eager and compiled
-alternately with triton.testing.do_bench (L2 flushed before every run); medians of the rounds.
+in turns (`tritune.tuner.timing.in_turns`, each a median by CUDA events with L2 flushed before every
+run); medians of the rounds.
 Bandwidth counts the bytes each op must move: read x, write y (and the layernorm weight and bias).
 """
 from __future__ import annotations
@@ -26,8 +27,10 @@ from tritune.kernels.family import Operands, family
 from tritune.kernels.rows.expr import LayerNorm, RowOp, Softmax
 from tritune.records.database import Database
 from tritune.schedules.config import Config
-from tritune.tuner.worker.candidate import COMPARE, in_turns, rel_error
-from tritune.tuner.run import TuneOptions, tune_all
+from tritune.tuner.gpus.start import TuneOptions
+from tritune.tuner.run import tune_all
+from tritune.tuner.timing import COMPARE, in_turns, kernel_median_ms
+from tritune.tuner.worker.candidate import rel_error
 
 # (op, M, N): a 4k-vocabulary/attention-like softmax, many short rows, a GPT-2 vocabulary (odd N),
 # transformer hidden sizes for layernorm
@@ -60,7 +63,7 @@ def compare(expr: RowOp, config: dict, rounds: int) -> dict:
     errors = {"ours": rel_error(x.out, ref), "eager": rel_error(runs["eager"](), ref),
               "compiled": rel_error(runs["compiled"](), ref)}  # the first compiled call compiles
     compile_s = time.time() - start
-    ms = {name: statistics.median(t) for name, t in in_turns(runs, COMPARE, rounds).items()}
+    ms = {name: statistics.median(t) for name, t in in_turns(runs, kernel_median_ms(COMPARE), rounds).items()}
     return {"tolerance": fam.tolerance(expr), "torch_compile_s": compile_s,
             **{f"{k}_rel_error": v for k, v in errors.items()}, **{f"{k}_ms": v for k, v in ms.items()},
             **{f"{k}_tbps": fam.rate(expr, v)[0] for k, v in ms.items()},

@@ -1,10 +1,10 @@
 """How many timed runs does a candidate need, and can its first few runs tell a loser? Times a
 random sample of a workload's space run by run, as the tuner's worker does (warm-up, L2 flushed
 before each run), after leaving the GPU idle as it is while a candidate compiles, and writes each
-config's first runs and the quantiles of a long timing: the data behind `measure.LOSER` and the
+config's first runs and the quantiles of a long timing: the data behind `timing.LOSER` and the
 candidate budget (tests/test_timing.py reads it from tests/fixtures/timing/).
 
-Usage: python scripts/timing_probe.py --shape 4096 --shape 16,4096,4096 --configs 40 --out DIR
+Usage: python -m scripts.probes.timing_probe --shape 4096 --shape 16,4096,4096 --configs 40 --out DIR
 """
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ import numpy as np
 from tritune.kernels.device import device_info
 from tritune.kernels.family import family, parse_expr
 from tritune.tuner.builder import Builder
-from tritune.tuner.worker.candidate import Timing, quantiles, rel_error, runs_for, seed_for, timed_runs, warm_up
-from tritune.tuner.run import device_limits, device_target, device_task
+from tritune.tuner.task import device_limits, device_target, device_task
+from tritune.tuner.timing import Timing, quantiles, runs_for, timed_runs, warm_up
+from tritune.tuner.worker.candidate import rel_error, seed_for
 
 LONG_RUNS = 400  # the long timing every config is compared with
 

@@ -1,11 +1,11 @@
-"""Issue 15's targets on a GPU: fused blocks alone, tritune's tuned fusion against Inductor's
-default and max-autotune, timed in turns; then the zoo decoders through scripts/model_bench.py.
+"""The fusion targets on a GPU: fused blocks alone, tritune's tuned fusion against Inductor's
+default and max-autotune, timed in turns; then the zoo decoders through scripts.bench.model_bench.
 
-    python3 scripts/fusion_bench.py --out DIR [--blocks gated,gelu,residual,qkv] [--phases tune,latency,models]
+    python -m scripts.bench.fusion_bench --out DIR [--blocks gated,gelu,residual,qkv] [--phases tune,latency,models]
             [--trials 192] [--rounds 15] [--dtype fp16] [--models llama,gpt2] [--device cuda|cpu]
 
-Blocks (also factories for `tune-cli tune-model --model scripts/fusion_bench.py:gated_block ...`):
-- gated: silu(x @ Wgᵀ) * (x @ Wuᵀ), x [2048, 2048], Wg and Wu [8192, 2048] (issue 15: >= 1.15x
+Blocks (also factories for `tune-cli tune-model --model scripts/bench/fusion_bench.py:gated_block ...`):
+- gated: silu(x @ Wgᵀ) * (x @ Wuᵀ), x [2048, 2048], Wg and Wu [8192, 2048] (target: >= 1.15x
   Inductor default, >= 1.10x max-autotune);
 - gelu: GPT-2's MLP up-projection, gelu_new(x @ W + b) with its GELU written as pointwise ops,
   x [2048, 1024], W [1024, 4096] as Conv1D stores it;
@@ -19,9 +19,10 @@ Phases, each merging its results into DIR/fusion_bench.json:
 - latency: per block, eager, Inductor's default, max-autotune (without CUDA graphs: one block's
   kernels alike), tritune (backend=tritune.compiler(db): each site's verdict decides) and kernel
   (the best tuned kernel of each site even where the library won: what the kernels must beat),
-  compiled in this process and timed in turns (`model_check.in_turns`), --rounds rounds; a
-  speed-up is the median over rounds of the other's time over ours in the same round;
-- models: scripts/model_bench.py --phases tune,latency --shapes prefill for --models into
+  compiled in this process and timed in turns (`tritune.tuner.timing.in_turns`, each round ~10 ms
+  of calls back to back), --rounds rounds; a speed-up is the median over rounds of the other's
+  time over ours in the same round;
+- models: scripts.bench.model_bench --phases tune,latency --shapes prefill for --models into
   DIR/models with the same database; the decoder targets read from its rounds (llama: >= 1.05x
   default, >= 1.03x max-autotune; gpt2: >= 1.03x default).
 
@@ -37,16 +38,17 @@ import math
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve()
 BLOCKS = ("gated", "gelu", "residual", "qkv")
 PHASES = ("tune", "latency", "models")
 VARIANTS = ("eager", "default", "max-autotune", "tritune", "kernel")
 SIZES = {"cuda": {"tokens": 2048, "gated": (2048, 8192), "gelu": (1024, 4096), "residual": (4096, 1024),
                   "qkv": (2048, 512)},
          "cpu": {"tokens": 33, "gated": (40, 72), "gelu": (24, 56), "residual": (56, 24), "qkv": (40, 16)}}
-# (what, ours, theirs, at least this speed-up): issue 15's targets
+# (what, ours, theirs, at least this speed-up): the fusion targets
 TARGETS = (("gated", "tritune", "default", 1.15), ("gated", "tritune", "max-autotune", 1.10),
            ("llama/prefill", "tritune", "default", 1.05), ("llama/prefill", "tritune", "max-autotune", 1.03),
            ("gpt2/prefill", "tritune", "default", 1.03))
@@ -111,22 +113,22 @@ def input_shapes(block: str, device: str) -> list[tuple[int, ...]]:
 
 
 def gated_block():
-    """`--model scripts/fusion_bench.py:gated_block --input-shape 2048,2048`."""
+    """`--model scripts/bench/fusion_bench.py:gated_block --input-shape 2048,2048`."""
     return blocks()["gated"](*SIZES["cuda"]["gated"])
 
 
 def gelu_block():
-    """`--model scripts/fusion_bench.py:gelu_block --input-shape 2048,1024`."""
+    """`--model scripts/bench/fusion_bench.py:gelu_block --input-shape 2048,1024`."""
     return blocks()["gelu"](*SIZES["cuda"]["gelu"])
 
 
 def qkv_block():
-    """`--model scripts/fusion_bench.py:qkv_block --input-shape 2048,2048`."""
+    """`--model scripts/bench/fusion_bench.py:qkv_block --input-shape 2048,2048`."""
     return blocks()["qkv"](*SIZES["cuda"]["qkv"])
 
 
 def residual_block():
-    """`--model scripts/fusion_bench.py:residual_block --input-shape 2048,1024 --input-shape 2048,4096`."""
+    """`--model scripts/bench/fusion_bench.py:residual_block --input-shape 2048,1024 --input-shape 2048,4096`."""
     return blocks()["residual"](*SIZES["cuda"]["residual"])
 
 
@@ -158,7 +160,7 @@ def phase_tune(args: argparse.Namespace, out: Path, results: dict) -> None:
     for block in args.blocks:
         log, summary = out / f"tune_{block}.log", out / f"tune_{block}.json"
         shapes = [arg for s in input_shapes(block, "cuda") for arg in ("--input-shape", ",".join(map(str, s)))]
-        cmd = [sys.executable, "-m", "tritune", "tune-model", "--model", f"{HERE / 'fusion_bench.py'}:{block}_block",
+        cmd = [sys.executable, "-m", "tritune", "tune-model", "--model", f"{HERE}:{block}_block",
                *shapes, "--dtype", args.dtype, "--trials", str(args.trials), "--no-check", "--db", args.db,
                "--summary-json", str(summary)]
         with open(log, "w") as fp:
@@ -190,24 +192,22 @@ def phase_latency(args: argparse.Namespace, out: Path, results: dict) -> None:
 
 
 def build(args: argparse.Namespace, block: str) -> tuple:
-    """The block (seeded weights, eval, in --dtype on --device) and its seeded inputs."""
-    import torch
+    """The block (seeded random weights, eval, in --dtype on --device) and its seeded inputs."""
+    from tritune.tuner.model import load
 
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
-    torch.manual_seed(0)
-    with torch.device(args.device):
-        model = blocks()[block](*SIZES[args.device][block]).to(dtype).eval()
-        return model, tuple(torch.randn(s, dtype=dtype) for s in input_shapes(block, args.device))
+    factory = partial(blocks()[block], *SIZES[args.device][block])
+    return load.build(factory, input_shapes(block, args.device), args.dtype, args.device, weights="random")
 
 
 def time_block(args: argparse.Namespace, block: str, out: Path) -> dict:
     """Every variant of one block: rel error against eager, the backend's sites, ms, per-round times."""
     import torch
-    from bench_children import first_line, seed_defaults
-
-    from tritune.tuner.model.check import in_turns, outputs_rel_error
 
     import tritune
+    from scripts.bench.bench_children import seed_defaults
+    from tritune.errors import first_line
+    from tritune.tuner.model.check import outputs_rel_error
+    from tritune.tuner.timing import in_turns, per_call_ms
 
     model, x = build(args, block)
     with torch.no_grad():
@@ -224,7 +224,7 @@ def time_block(args: argparse.Namespace, block: str, out: Path) -> dict:
                 rows[variant] = {"rel_err": outputs_rel_error(y, ref), "sites": backend.sites if backend else None}
             except Exception as exc:  # noqa: BLE001 - one variant that fails must not cost the others
                 rows[variant] = {"error": first_line(exc)}
-        for name, times in in_turns(fns, args.rounds).items():
+        for name, times in in_turns(fns, per_call_ms, args.rounds).items():
             rows[name]["rounds_ms"] = times
     for row in rows.values():
         if row.get("rounds_ms"):
@@ -264,11 +264,11 @@ def kernel_db(db: str, path: Path) -> str:
 
 
 def phase_models(args: argparse.Namespace, out: Path, results: dict) -> None:
-    """model_bench.py's tune and latency phases at the prefill shape, sharing the database."""
-    cmd = [sys.executable, str(HERE / "model_bench.py"), "--out", str(out / "models"), "--models", args.models,
+    """model_bench's tune and latency phases at the prefill shape, sharing the database."""
+    cmd = [sys.executable, "-m", "scripts.bench.model_bench", "--out", str(out / "models"), "--models", args.models,
            "--shapes", "prefill", "--phases", "tune,latency", "--db", args.db, "--dtype", args.dtype,
            "--rounds", str(args.rounds)]
-    rc = subprocess.call(cmd)
+    rc = subprocess.call(cmd, cwd=HERE.parents[2])  # the repository's root
     bench_json = out / "models" / "model_bench.json"
     latency = json.loads(bench_json.read_text()).get("latency", {}) if bench_json.exists() else {}
     results["models"] = {"exit": rc, "latency": {k: v.get("variants", {}) for k, v in latency.items()}}
@@ -277,7 +277,7 @@ def phase_models(args: argparse.Namespace, out: Path, results: dict) -> None:
 
 def speedup(rows: dict, ours: str, theirs: str) -> float | None:
     """theirs / ours, the median over rounds of the two times taken in the same round."""
-    from tritune.tuner.model.check import paired_ratio
+    from tritune.tuner.timing import paired_ratio
 
     a, b = rows.get(ours, {}).get("rounds_ms"), rows.get(theirs, {}).get("rounds_ms")
     return 1 / paired_ratio(a, b) if a and b else None
@@ -316,7 +316,6 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["TRITON_INTERPRET"] = "1"  # read when tritune is first imported: before any of it
     elif not _has_gpu():
         sys.exit("fusion_bench: no CUDA device (use --device cpu for the interpreter's check)")
-    sys.path.insert(0, str(HERE))  # bench_children, zoo
     path = out / "fusion_bench.json"
     results = json.loads(path.read_text()) if path.exists() else {}
     for phase in args.phases:

@@ -3,10 +3,11 @@ tritune's replayed best (ops.matmul under apply_history_best), and Inductor's ma
 with every GEMM backend (cuBLAS among them) and once with its Triton templates alone (without CUDA
 graphs: those copy each call's inputs into static buffers, 64 MB at 4096^3, which timed
 Inductor's own choice of cuBLAS 35% slower than cuBLAS called eagerly). Each is
-checked against float64, then all are timed in turns (L2 flushed; the median of the rounds'
-medians), so the ratios hold even if the GPU's clocks drift.
+checked against float64, then all are timed in turns (`tritune.tuner.timing.in_turns`: CUDA
+events, L2 flushed; the median of the rounds' medians), so the ratios hold even if the GPU's
+clocks drift.
 
-Usage: python scripts/field_bench.py --db tuning.db [--shape 4096] [--dtype fp16] [--rounds 5]
+Usage: python -m scripts.bench.field_bench --db tuning.db [--shape 4096] [--dtype fp16] [--rounds 5]
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import torch
 
 import tritune
 from tritune.kernels.family import family, parse_expr
-from tritune.tuner.worker.candidate import Timing, in_turns, rel_error
+from tritune.tuner.timing import Timing, in_turns, kernel_median_ms
+from tritune.tuner.worker.candidate import rel_error
 
 
 def mm_every_backend(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -66,7 +68,7 @@ def main() -> None:
             compiled, compile_s[name] = inductor(fn, a, b, backends)
             fns[name] = lambda compiled=compiled: compiled(a, b)
         errors = {name: rel_error(fn(), ref) for name, fn in fns.items()}
-        rounds = in_turns(fns, Timing(args.warmup_ms, args.rep_ms), args.rounds)
+        rounds = in_turns(fns, kernel_median_ms(Timing(args.warmup_ms, args.rep_ms)), args.rounds)
     report(expr, fns, rounds, errors, compile_s, args)
 
 
@@ -74,7 +76,7 @@ def report(expr, fns, rounds, errors, compile_s, args) -> None:
     ms = {name: float(np.median(t)) for name, t in rounds.items()}
     print(f"{expr.describe()} on {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"triton {__import__('triton').__version__}; {args.rounds} rounds in turn, "
-          f"do_bench {args.warmup_ms}/{args.rep_ms} ms, L2 flushed")
+          f"timing {args.warmup_ms}/{args.rep_ms} ms, L2 flushed")
     print(f"{'':38s} {'median ms':>10s} {'vs torch':>9s} {'spread':>7s} {'rel err':>9s} {'compile s':>9s}")
     for name in fns:
         spread = (max(rounds[name]) - min(rounds[name])) / ms[name]

@@ -1,9 +1,9 @@
-"""The subprocesses of scripts/model_bench.py (its hidden --child mode): one model and shape each
+"""The subprocesses of scripts/bench/model_bench.py (its hidden --child mode): one model and shape each
 (--models and --shapes name one), built, compiled and measured; each writes its JSON to --child-json.
 
 - compile: one variant from empty caches: seconds from torch.compile to the end of the first call;
 - latency: every variant, timed in turns with eager, --rounds rounds;
-- overhead: host µs per call of a 64x64x64 matmul, replayed by tritune and as Inductor's Triton template;
+- overhead: µs per call of a 64x64x64 matmul, replayed by tritune and as Inductor's Triton template;
 - profile: every variant under torch's profiler: kernels and GPU µs per call, the costliest kernels.
 
 Besides torch.compile's modes and tritune's backend, diagnostics: "route" and "route-ro" take
@@ -15,44 +15,36 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import itertools
 import json
 import statistics
-import sys
 import time
+from functools import partial
 from pathlib import Path
 
-from tritune.tuner.model.check import in_turns, outputs_rel_error
+from tritune.errors import first_line
+from tritune.tuner.model import zoo
+from tritune.tuner.model.check import outputs_rel_error
+from tritune.tuner.model.load import build
+from tritune.tuner.timing import in_turns, per_call_ms, step_caller
 
-HERE = Path(__file__).resolve().parent
 SHAPES = {"prefill": (1, 2048), "decode": (16, 1)}  # (batch, tokens)
 CUDA_GRAPHS = ("reduce-overhead", "tritune-ro", "route-ro", "sites-ro")
-
-
-def zoo_factory(model: str):
-    if str(HERE) not in sys.path:
-        sys.path.insert(0, str(HERE))
-    import zoo
-
-    return getattr(zoo, model)
+# overhead: each round times ~0.15 s of calls back to back (about 2000 calls of a compiled 64x64x64
+# matmul, ~70 µs each on an H100)
+OVERHEAD_BUDGET_S, OVERHEAD_ROUNDS = 0.15, 15
 
 
 def hidden_of(args: argparse.Namespace, model: str) -> int:
     """--hidden, else the zoo factory's default."""
-    return args.hidden or inspect.signature(zoo_factory(model)).parameters["hidden"].default
+    return args.hidden or inspect.signature(getattr(zoo, model)).parameters["hidden"].default
 
 
-def build(args: argparse.Namespace) -> tuple:
-    """The model (seeded weights, eval, in --dtype on --device) and its seeded input."""
-    import torch
-
+def model_and_input(args: argparse.Namespace) -> tuple:
+    """The zoo model (seeded random weights, eval, in --dtype on --device) and its seeded input."""
     model, (batch, tokens) = args.models[0], SHAPES[args.shapes[0]]
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
-    torch.manual_seed(0)
-    with torch.device(args.device):
-        net = zoo_factory(model)(**({"hidden": args.hidden} if args.hidden else {})).to(dtype).eval()
-        torch.manual_seed(0)
-        return net, torch.randn(batch, tokens, hidden_of(args, model), dtype=dtype)
+    factory = partial(getattr(zoo, model), **({"hidden": args.hidden} if args.hidden else {}))
+    net, (x,) = build(factory, [(batch, tokens, hidden_of(args, model))], args.dtype, args.device, weights="random")
+    return net, x
 
 
 def compile_variant(model, variant: str, db: str) -> tuple:
@@ -88,12 +80,8 @@ def route_only(mode):
 
 
 def caller(compiled, x, variant: str):
-    """The call to time: a CUDA-graph variant starts a new step first (a replay may overwrite the last output)."""
-    import torch
-
-    if variant not in CUDA_GRAPHS:
-        return lambda: compiled(x)
-    return lambda: (torch.compiler.cudagraph_mark_step_begin(), compiled(x))[1]
+    """The call to time (a CUDA-graph variant starts a new step first)."""
+    return step_caller(compiled, (x,), variant in CUDA_GRAPHS)
 
 
 def seed_defaults(tasks: list, db: str) -> None:
@@ -111,11 +99,6 @@ def seed_defaults(tasks: list, db: str) -> None:
             d.save(t.expr.key, device_key(device_info(), t.expr.op), [MeasureResult(config, Status.OK, *[1.0] * 4)])
 
 
-def first_line(exc: BaseException) -> str:
-    """The exception in one line (torch's can list hundreds of names: cut)."""
-    return (f"{type(exc).__name__}: " + next(iter(str(exc).strip().splitlines()), ""))[:300]
-
-
 def sync(device: str) -> None:
     import torch
 
@@ -126,7 +109,7 @@ def sync(device: str) -> None:
 def child_compile(args: argparse.Namespace) -> dict:
     """One variant from empty caches: seconds from torch.compile to the end of the first call."""
     variant = args.variants[0]
-    model, x = build(args)
+    model, x = model_and_input(args)
     ref = model(x)
     sync(args.device)
     start = time.perf_counter()
@@ -140,7 +123,7 @@ def child_compile(args: argparse.Namespace) -> dict:
 def child_latency(args: argparse.Namespace) -> dict:
     """Every variant compiled here, then timed in turns with eager, round after round (drift hits
     all alike); the JSON is rewritten after each round, for a parent that times this out."""
-    model, x = build(args)
+    model, x = model_and_input(args)
     ref = model(x)
     fns, result = {"eager": lambda: model(x)}, {"variants": {}, "rounds": 0}
     for variant in args.variants:
@@ -160,7 +143,7 @@ def child_latency(args: argparse.Namespace) -> dict:
         for name in fns.keys() - {"eager"}:
             result["variants"][name].update(latency_ms=statistics.median(times[name]), rounds_ms=times[name])
         Path(args.child_json).write_text(json.dumps(result, indent=2))
-    in_turns(fns, args.rounds, record)
+    in_turns(fns, per_call_ms, args.rounds, record)  # each round: ~10 ms of calls back to back
     return result
 
 
@@ -206,7 +189,9 @@ def child_overhead(args: argparse.Namespace) -> dict:
                        f"{name}_as_intended": any(m in c for m in markers for c in code),
                        f"{name}_code": code[-1][-4000:] if code else ""})
     result["sites"] = backend.sites
-    result.update({f"{name}_us": t for name, t in per_call_us(fns, (a, w), args.device).items()})
+    times = in_turns({name: partial(fn, a, w) for name, fn in fns.items()},
+                     lambda call: 1e3 * per_call_ms(call, OVERHEAD_BUDGET_S), OVERHEAD_ROUNDS)
+    result.update({f"{name}_us": statistics.median(t) for name, t in times.items()})
     if {"tritune", "inductor"} <= fns.keys():
         result["overhead_us"] = result["tritune_us"] - result["inductor_us"]
     return result
@@ -229,32 +214,15 @@ def tuned_db(a, w, path: Path) -> Path:
     from tritune.kernels.contraction.launch import DEFAULT
     from tritune.kernels.device import device_info
     from tritune.kernels.family import device_key
-    from tritune.kernels.frontend import ops
+    from tritune.kernels.frontend.helpers import contraction_expr
     from tritune.records.database import Database
     from tritune.records.result import MeasureResult, Status
 
-    expr = ops.contraction_expr(a, w, ())
+    expr = contraction_expr(a, w, ())
     with Database(path) as db:
         db.add_workload(expr.key, expr.op, expr.dtype, expr.to_json())
         db.save(expr.key, device_key(device_info(), "matmul"), [MeasureResult(DEFAULT, Status.OK, 1.0, 1.0, 1.0, 1.0)])
     return path
-
-
-def per_call_us(fns: dict, inputs: tuple, device: str, calls: int = 2000, repeats: int = 15) -> dict[str, float]:
-    """Median over repeats of wall µs per call, of `calls` back to back and one synchronize; the
-    functions alternate, so drift hits both alike."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for fn in fns.values():
-        for _ in range(100):
-            fn(*inputs)
-    for _, (name, fn) in itertools.product(range(repeats), fns.items()):
-        sync(device)
-        start = time.perf_counter_ns()
-        for _ in range(calls):
-            fn(*inputs)
-        sync(device)
-        times[name].append((time.perf_counter_ns() - start) / calls / 1e3)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def child_profile(args: argparse.Namespace, calls: int = 20, top: int = 8) -> dict:
@@ -263,7 +231,7 @@ def child_profile(args: argparse.Namespace, calls: int = 20, top: int = 8) -> di
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    model, x = build(args)
+    model, x = model_and_input(args)
     result: dict = {}
     for variant in args.variants:
         try:
@@ -288,7 +256,7 @@ def child_profile(args: argparse.Namespace, calls: int = 20, top: int = 8) -> di
 
 
 def run(args: argparse.Namespace) -> None:
-    """model_bench.py's --child mode: one job under no_grad, its JSON written."""
+    """model_bench's --child mode: one job under no_grad, its JSON written."""
     import torch
 
     with torch.no_grad():

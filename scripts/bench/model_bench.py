@@ -2,7 +2,7 @@
 prefill shape (1, 2048, hidden) and a decode shape (16, 1, hidden); Inductor's default,
 max-autotune and reduce-overhead against tritune's backend, alone and over CUDA graphs.
 
-    python3 scripts/model_bench.py --out DIR [--models llama,gpt2,bert] [--shapes prefill,decode]
+    python -m scripts.bench.model_bench --out DIR [--models llama,gpt2,bert] [--shapes prefill,decode]
             [--phases tune,compile,latency,overhead] [--db PATH] [--dtype fp16] [--rounds 40]
             [--variants LIST] [--device cuda] [--hidden N] [--child-timeout 300] [--pack FILE.tar.gz]
 
@@ -17,17 +17,17 @@ Each phase runs on its own and merges its results into DIR/model_bench.json:
   decode: default, reduce-overhead, tritune-ro], with empty Inductor and Triton caches: seconds
   from torch.compile to the end of the first call, error against eager, the backend's sites;
 - latency: a subprocess per model and shape compiles its variants [all; at decode not
-  max-autotune] and times them and eager in turns, --rounds rounds (in each, every variant's
-  mean over ~10 ms of calls back to back, in a shuffled order);
+  max-autotune] and times them and eager in turns (`tritune.tuner.timing.in_turns`), --rounds
+  rounds (in each, every variant's mean over ~10 ms of calls back to back, in a shuffled order);
   a ratio is the median over rounds of the two variants' times in the same round (the host's
   speed changes between rounds); it replaces that model and shape's earlier entry;
-- overhead: host µs per call of a 64x64x64 matmul replayed by tritune and as Inductor's own
-  Triton template (2000 calls back to back, 15 alternating repeats, medians);
+- overhead: µs per call of a 64x64x64 matmul replayed by tritune and as Inductor's own Triton
+  template (15 rounds in turns, each ~0.15 s of calls back to back; medians);
 - profile: a subprocess per model and shape runs each variant 20 times under torch's profiler:
   GPU µs and kernels per call, and the costliest kernels.
 
 The final table comes last. Without a GPU (and --device cuda): one line on stderr, exit code 3.
-What the subprocesses run is in scripts/bench_children.py.
+What the subprocesses run is in scripts/bench/bench_children.py.
 """
 from __future__ import annotations
 
@@ -45,10 +45,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bench_children import SHAPES, hidden_of
-from tritune.tuner.model.check import paired_ratio
+from scripts.bench.bench_children import SHAPES, hidden_of
+from tritune.tuner.timing import paired_ratio
 
-HERE = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository: the children run there
 MODELS = ("llama", "gpt2", "bert")
 VARIANTS = ("default", "max-autotune", "reduce-overhead", "tritune", "tritune-ro", "route", "route-ro", "sites", "sites-ro")
 LATENCY_VARIANTS = {"prefill": VARIANTS[:5], "decode": ("default", "reduce-overhead", "tritune", "tritune-ro")}
@@ -74,7 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=None, help="hidden size [default: the factory's]")
     p.add_argument("--child-timeout", type=float, default=300.0, help="seconds per subprocess")
     p.add_argument("--pack", default=None, help="after every phase, the whole --out directory (database included) "
-                                                 "as this one .tar.gz (a device call returns at most 8 files)")
+                                                 "as this one .tar.gz")
     p.add_argument("--child", default=None, choices=("compile", "latency", "overhead", "profile"), help=argparse.SUPPRESS)
     p.add_argument("--child-json", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -96,7 +96,7 @@ def spawn(cmd: list[str], log: Path, timeout: float, env: dict | None = None) ->
     a process group, so that a timeout (or SIGTERM to this script) stops its workers too."""
     start = time.perf_counter()
     with open(log, "w") as fp:
-        proc = subprocess.Popen(cmd, stdout=fp, stderr=subprocess.STDOUT, env=env, cwd=HERE.parent,
+        proc = subprocess.Popen(cmd, stdout=fp, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                                 start_new_session=True)
         try:
             rc: int | str = proc.wait(timeout=timeout)
@@ -123,9 +123,9 @@ def run_child(args: argparse.Namespace, kind: str, model: str, shape: str, varia
     cache = Path(tempfile.mkdtemp(prefix=f"model_bench_{kind}_"))
     try:
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), TRITON_CACHE_DIR=str(cache / "triton"),
-                   PYTHONPATH=os.pathsep.join(filter(None, (str(HERE.parent), os.environ.get("PYTHONPATH")))))
+                   PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
         result_path = cache / "result.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--child-json", str(result_path),
+        cmd = [sys.executable, "-m", "scripts.bench.model_bench", "--child", kind, "--child-json", str(result_path),
                "--out", args.out, "--models", model, "--shapes", shape, "--variants", ",".join(variants),
                "--db", args.db, "--dtype", args.dtype, "--rounds", str(args.rounds), "--device", args.device]
         rc, wall = spawn(cmd + ["--hidden", str(args.hidden)] * bool(args.hidden), log, args.child_timeout, env)
@@ -164,7 +164,7 @@ def factory_spec(args: argparse.Namespace, out: Path, model: str) -> str:
     if not args.hidden:
         return f"tritune/tuner/model/zoo.py:{model}"
     path = out / f"zoo_hidden{args.hidden}.py"
-    path.write_text(f"import sys\nsys.path.insert(0, {str(HERE)!r})\nimport zoo\n\n\n"
+    path.write_text("from tritune.tuner.model import zoo\n\n\n"
                     + "".join(f"def {m}():\n    return zoo.{m}(hidden={args.hidden})\n\n\n" for m in MODELS))
     return f"{path.resolve()}:{model}"
 
@@ -308,7 +308,7 @@ def main() -> None:
     import torch
 
     if args.child:
-        import bench_children
+        from scripts.bench import bench_children
 
         return bench_children.run(args)
     if args.device.startswith("cuda") and not torch.cuda.is_available():

@@ -2,7 +2,7 @@
 trials (an injected out-of-bounds store), and the tuning process's RSS, the worker's RSS and the
 GPU's memory sampled as it goes: all three must stay flat.
 
-Usage: python scripts/soak.py [--trials 2000] [--op conv2d --shape 8,28,28,64,64,3,3] [--restart-every 100] [--json OUT]
+Usage: python -m scripts.reliability.soak [--trials 2000] [--op conv2d --shape 8,28,28,64,64,3,3] [--restart-every 100] [--json OUT]
 (short timing per trial, 1 ms warm-up and 5 ms of repetitions: the soak is about the host, not speed)
 """
 from __future__ import annotations
@@ -17,8 +17,9 @@ from pathlib import Path
 from tritune.kernels.family import parse_expr
 from tritune.records.database import Database
 from tritune.search import make_strategy
-from tritune.tuner.worker.candidate import Timing
-from tritune.tuner.run import device_task, start_gpu
+from tritune.tuner.gpus.start import start_gpu
+from tritune.tuner.task import device_task
+from tritune.tuner.timing import Timing
 from tritune.tuner.tuner import Tuner
 
 

@@ -2,7 +2,10 @@
 zeros, which leaves L2 full of dirty lines whose write-back can overlap the timed kernel; a flush
 by reading leaves clean lines. Times one config and torch both ways, in one run.
 
-Usage: python scripts/l2_flush_probe.py --shape 16,4096,4096 --config '{"BLOCK_M": 16, ...}'
+The write flush is `tritune.tuner.timing`'s; the read flush is this probe's own loop of CUDA events
+(timing.py offers no other flush than its own: that is the question asked here).
+
+Usage: python -m scripts.probes.l2_flush_probe --shape 16,4096,4096 --config '{"BLOCK_M": 16, ...}'
 """
 from __future__ import annotations
 
@@ -14,14 +17,13 @@ import torch
 
 from tritune.kernels.family import family, parse_expr
 from tritune.schedules.config import Config
-from tritune.tuner.worker.candidate import COMPARE, time_fn
+from tritune.tuner.timing import COMPARE, time_fn, warm_up
 
 
 def read_flush_median(fn, reps: int = 200) -> float:
     """Median ms of fn, each run preceded by reading (not writing) a 256 MB buffer."""
     buf = torch.ones(64 * 2**20, dtype=torch.float32, device="cuda")
-    for _ in range(10):
-        fn()
+    warm_up(fn, COMPARE)
     times = []
     for _ in range(reps):
         buf.sum()  # reads 256 MB: L2 ends up holding clean lines of buf

@@ -6,9 +6,9 @@ tritune for this GPU generation (never those of the workload searched; the datab
 `sa/cold` is the same search with no prior.
 
 Live on a GPU (every trial really measured):
-    python scripts/search_bench.py --shape 4096 --dtype fp16 --seeds 3 [--warmup-ms 25 --rep-ms 100] --out DIR
+    python -m scripts.bench.search_bench --shape 4096 --dtype fp16 --seeds 3 [--warmup-ms 25 --rep-ms 100] --out DIR
 Replaying a recorded space on any machine (times come from the recording):
-    python scripts/search_bench.py --recorded tritune/tuner/recordings/space_4096_fp16.jsonl.gz --seeds 5 --out DIR
+    python -m scripts.bench.search_bench --recorded tritune/tuner/recordings/space_4096_fp16.jsonl.gz --seeds 5 --out DIR
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 
 from tritune.records.database import Database
-from tritune.records.result import DeviceKey
 from tritune.search import make_strategy, strategy_class
 from tritune.tuner.prior import bundled_prior
 from tritune.tuner.tuner import Tuner
@@ -32,12 +31,12 @@ def environment(args):
         from tritune.tuner.recordings import Recording, RecordedBuilder, RecordedRunner
 
         rec = Recording.load(args.recorded)
-        task = rec.task(DeviceKey(rec.device["gpu"], rec.device["capability"], rec.device["triton"],
-                                  rec.device["torch"], "recorded"))
+        task = rec.task(rec.device_key())
         return task, RecordedBuilder(), RecordedRunner(rec), rec.torch_ms, lambda: None
     from tritune.kernels.family import parse_expr
-    from tritune.tuner.worker.candidate import Timing
-    from tritune.tuner.run import device_task, start_gpu
+    from tritune.tuner.gpus.start import start_gpu
+    from tritune.tuner.task import device_task
+    from tritune.tuner.timing import Timing
 
     runner, builder = start_gpu(Timing(args.warmup_ms, args.rep_ms))
     task = device_task(parse_expr("matmul", args.shape, args.dtype), runner.device_info())
@@ -71,8 +70,8 @@ def main() -> None:
     p.add_argument("--budgets", default="16,32,64,128")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--first-seed", type=int, default=0, help="seeds run are first-seed .. first-seed + seeds - 1")
-    p.add_argument("--warmup-ms", type=float, default=25.0, help="live: do_bench warm-up per trial")
-    p.add_argument("--rep-ms", type=float, default=100.0, help="live: do_bench repetitions per trial")
+    p.add_argument("--warmup-ms", type=float, default=25.0, help="live: warm-up per trial, ms")
+    p.add_argument("--rep-ms", type=float, default=100.0, help="live: timed repetitions per trial, ms")
     p.add_argument("--out", default=".")
     args = p.parse_args()
     budgets = [int(b) for b in args.budgets.split(",")]

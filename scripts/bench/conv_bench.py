@@ -1,13 +1,14 @@
 """conv2d on a GPU: tune ResNet-like layers, then time the best tuned kernel against torch (cuDNN,
 channels_last) on the same inputs, in one run; prints a compact table last and writes JSON.
 
-Usage: python scripts/conv_bench.py [--trials 48] [--dtype fp16] [--layers 0,1,..] [--out DIR]
+Usage: python -m scripts.bench.conv_bench [--trials 48] [--dtype fp16] [--layers 0,1,..] [--out DIR]
 
 Tuning is `tune-cli run`'s, one layer after the other on one GPU worker and compile pool
 (`tritune.tuner.run.tune_all`; fresh database in --out, `sa` warm-started from the layers
 tuned before). The final comparison runs in this process: each round
 times ours, cuDNN with its default heuristics and cuDNN with `cudnn.benchmark=True` (its own
-autotuning) in turns on the same tensors (`tritune.tuner.worker.candidate.in_turns`); medians of the rounds.
+autotuning) in turns on the same tensors (`tritune.tuner.timing.in_turns`, each a median by CUDA
+events with L2 flushed); medians of the rounds.
 """
 from __future__ import annotations
 
@@ -23,8 +24,10 @@ from tritune.kernels.conv.expr import Conv2d
 from tritune.kernels.family import family
 from tritune.records.database import Database
 from tritune.schedules.config import Config
-from tritune.tuner.worker.candidate import COMPARE, in_turns, rel_error
-from tritune.tuner.run import TuneOptions, tune_all
+from tritune.tuner.gpus.start import TuneOptions
+from tritune.tuner.run import tune_all
+from tritune.tuner.timing import COMPARE, in_turns, kernel_median_ms
+from tritune.tuner.worker.candidate import rel_error
 
 # (name, N, H, W, C, K, R, S, stride, padding): ResNet-50-like layers at batch 32
 LAYERS = (
@@ -48,7 +51,7 @@ def compare(expr: Conv2d, config: dict, rounds: int = 5) -> dict:
     torch.backends.cudnn.benchmark = True
     eager()  # cuDNN's own search runs on the first call: keep it out of the timings
     runs = {"ours": lambda: kernel(*x.args), "cudnn": cudnn(eager, False), "cudnn_bench": cudnn(eager, True)}
-    ms = {k: statistics.median(v) for k, v in in_turns(runs, COMPARE, rounds).items()}
+    ms = {k: statistics.median(v) for k, v in in_turns(runs, kernel_median_ms(COMPARE), rounds).items()}
     torch.backends.cudnn.benchmark = False
     return {"rel_error": err, "tolerance": fam.tolerance(expr), **{f"{k}_ms": v for k, v in ms.items()},
             "ratio_vs_cudnn": ms["cudnn"] / ms["ours"], "ratio_vs_cudnn_bench": ms["cudnn_bench"] / ms["ours"],

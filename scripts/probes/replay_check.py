@@ -1,12 +1,11 @@
 """Replay on the GPU: tritune.ops.matmul runs the stored best config, matches float64, and costs
 little more per call than launching the same compiled kernel directly.
 
-Usage: python scripts/replay_check.py --db tuning.db [--shape 4096] [--dtype fp16]
+Usage: python -m scripts.probes.replay_check --db tuning.db [--shape 4096] [--dtype fp16]
 """
 from __future__ import annotations
 
 import argparse
-import time
 import warnings
 
 import torch
@@ -15,20 +14,13 @@ import tritune
 from tritune.kernels.contraction.launch import Kernel, problem_of
 from tritune.kernels.expr import torch_dtype
 from tritune.kernels.family import family, parse_expr
-from tritune.tuner.worker.candidate import COMPARE, rel_error, time_fn
+from tritune.tuner.timing import COMPARE, host_ms_per_launch, time_fn
+from tritune.tuner.worker.candidate import rel_error
 
 
-def host_us_per_call(fn, calls: int = 400) -> float:
-    """Median over 5 rounds of host time per asynchronous launch (tiny problem: GPU never the limit)."""
-    rounds = []
-    for _ in range(5):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        rounds.append((time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
-    return sorted(rounds)[2]
+def host_us_per_call(fn) -> float:
+    """The host's µs per asynchronous launch (a tiny problem: the GPU is never the limit)."""
+    return 1e3 * host_ms_per_launch(fn)
 
 
 def main() -> None:

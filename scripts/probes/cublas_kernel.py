@@ -3,7 +3,7 @@ torch profiler: the name encodes cuBLAS's tile, stages, cluster shape and schedu
 block, registers and shared memory say how it occupies the GPU. What tritune's template would
 have to match.
 
-Usage (on a GPU): python scripts/cublas_kernel.py [--shape 4096] [--dtype fp16] [--calls 5]
+Usage (on a GPU): python -m scripts.probes.cublas_kernel [--shape 4096] [--dtype fp16] [--calls 5]
 """
 from __future__ import annotations
 

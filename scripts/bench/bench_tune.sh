@@ -3,9 +3,10 @@
 # a fresh database (wall clock of each whole command), two more fp16 seeds into their own
 # databases, a rerun (must resume, measure nothing), an isolation run with an out-of-bounds and a
 # hanging candidate injected, and replay through tritune.ops. Ends with a compact table.
-# Usage: scripts/bench_tune.sh [OUTDIR]
+# Usage: scripts/bench/bench_tune.sh [OUTDIR]
 set -uo pipefail
-out=${1:-/tmp/tritune-bench}
+out=$(realpath -m "${1:-/tmp/tritune-bench}")
+cd "$(dirname "$0")/../.."  # the repository's root: the replay check runs as python -m scripts.probes.replay_check
 mkdir -p "$out"
 rm -f "$out"/*.db*
 timed() {  # timed NAME CMD...: run CMD, keep its log, print its wall clock
@@ -24,7 +25,7 @@ for seed in 1 2; do
 done
 timed isolation python3 -m tritune run --op matmul --shape 4096 --dtype fp16 --trials 32 --inject-fault oob \
   --inject-fault hang --timeout 10 --db "$out/isolation.db" --summary-json "$out/isolation.json"
-timed replay python3 scripts/replay_check.py --db "$out/main.db" --shape 4096 --dtype fp16
+timed replay python3 -m scripts.probes.replay_check --db "$out/main.db" --shape 4096 --dtype fp16
 python3 -m tritune export --db "$out/main.db" --out "$out/trials.jsonl"
 python3 -m tritune export --db "$out/isolation.db" --out "$out/isolation.jsonl"
 cat "$out/replay.log"

@@ -1,0 +1,1 @@
+"""One-off probes on a GPU: the measurements behind a design choice."""
