@@ -1,7 +1,41 @@
-"""CPU test setup: Triton's interpreter and a private kernel cache, set before tritune is imported."""
+"""Test setup, before tritune is imported: a private kernel cache and database; the CPU tests run
+kernels under Triton's interpreter. With TRITUNE_GPU_TESTS=1 the GPU suite (tests/gpu) runs on real
+kernels instead, on a host with a CUDA GPU, and the CPU tests are skipped:
+
+    TRITUNE_GPU_TESTS=1 python -m pytest -q tests/gpu
+"""
 import os
 import tempfile
+from pathlib import Path
 
-os.environ["TRITON_INTERPRET"] = "1"
+import pytest
+
+GPU_TESTS = os.environ.get("TRITUNE_GPU_TESTS", "") not in ("", "0")
+GPU_SUITE = Path(__file__).parent / "gpu"
+
+if GPU_TESTS:
+    os.environ.pop("TRITON_INTERPRET", None)  # the GPU suite checks compiled kernels
+else:
+    os.environ["TRITON_INTERPRET"] = "1"
 os.environ.setdefault("TRITUNE_CACHE_DIR", tempfile.mkdtemp(prefix="tritune-test-"))
 os.environ["TRITUNE_DB"] = os.path.join(os.environ["TRITUNE_CACHE_DIR"], "default.db")
+
+
+def pytest_collection_modifyitems(config, items):
+    """tests/gpu runs only with TRITUNE_GPU_TESTS=1 and a CUDA GPU; every other test only without it."""
+    gpu = GPU_TESTS and _cuda()
+    skip_gpu = pytest.mark.skip(reason="the GPU suite: set TRITUNE_GPU_TESTS=1 on a host with a CUDA GPU"
+                                if not GPU_TESTS else "TRITUNE_GPU_TESTS=1, but torch finds no CUDA GPU")
+    skip_cpu = pytest.mark.skip(reason="a CPU test (Triton's interpreter): unset TRITUNE_GPU_TESTS to run it")
+    for item in items:
+        on_gpu = GPU_SUITE in Path(str(item.fspath)).parents
+        if on_gpu and not gpu:
+            item.add_marker(skip_gpu)
+        elif not on_gpu and GPU_TESTS:
+            item.add_marker(skip_cpu)
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -1,0 +1,133 @@
+"""The cases of the GPU suite: compiled kernels of every op family, each against a float64
+reference on the GPU, at every dtype (bf16 included, which the interpreter computes wrongly),
+awkward shapes, layouts, batch and every epilogue (general ones with every extra input kind:
+residual, row and column vectors, constants, a nested chain); every knob of the contraction
+template (split-K, TMA loads, the persistent loop, warp specialisation) with them; the gated dual
+GEMM with every activation, both ways of feeding its MMA (FUSE), both weight layouts and biases;
+the other families' examples with a few seeded random configs of their space; and every library
+candidate. Each case is (expression, config); the lists are built the same way every run."""
+import itertools
+
+import numpy as np
+
+from tritune.kernels.contraction.expr import Matmul
+from tritune.kernels.epilogue import BiasAdd, Binary, Clamp, Gelu, Input, Relu, Scale, Unary
+from tritune.kernels.family import REGISTRY, family
+from tritune.kernels.gated.expr import ACTIVATIONS, Gated
+from tritune.records.database import Database
+from tritune.records.result import MeasureResult, Status
+from tritune.schedules.config import Config
+from tritune.schedules.space import Limits
+
+SHAPES = [(1, 1, 4096, 4096), (1, 37, 29, 53), (3, 129, 257, 67), (2, 1000, 1, 300), (1, 3000, 5000, 1000)]
+EPILOGUES = [(), (BiasAdd(),), (Scale(0.125),), (Relu(),), (Gelu(),), (Gelu("tanh"),),
+             (Scale(0.5), BiasAdd(), Gelu("tanh"))]
+# general epilogues: a residual after bias + GELU; row and column scales around silu; x*sigmoid(x)
+# as a nested chain, a clamp and a reversed subtraction of a residual; bf16 and fp32 inputs
+GENERAL = [(BiasAdd(), Gelu("tanh"), Binary("add", Input("mn", "bf16"))),
+           (Binary("mul", Input("m", "fp32")), Unary("silu"), Binary("add", Input("n", "fp16"))),
+           (Scale(0.1), Binary("mul", (Unary("sigmoid"),)), Clamp(-1.0, 2.0), Binary("rsub", Input("mn", "fp32")))]
+TILE = Config.of(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, UNROLL=1)
+SMALL = Config.of(BLOCK_M=16, BLOCK_N=64, BLOCK_K=32, GROUP_M=1, num_warps=4, num_stages=4, UNROLL=2)
+KNOBS = [dict(SPLIT_K=4), dict(TMA=1), dict(TMA=2, PERSISTENT=1), dict(PERSISTENT=2), dict(TMA=2, SPLIT_K=3),
+         dict(TMA=1, PERSISTENT=2), dict(TMA=1, WARP_SPEC=1, num_warps=4),
+         dict(TMA=2, PERSISTENT=1, WARP_SPEC=1, num_warps=4)]
+PER_EXPR = 3  # seeded random configs of each other family's example
+
+
+def knob_config(knobs: dict, dtype: str = "fp16") -> Config:
+    """A config with these template knobs: the big tile for the persistent loop and warp
+    specialisation, else the small one without unrolling; fp32 takes K steps of 32 (shared memory)."""
+    if "PERSISTENT" in knobs or "WARP_SPEC" in knobs:
+        return TILE.replace(BLOCK_K=32 if dtype == "fp32" else 64, **knobs)
+    return SMALL.replace(UNROLL=1, **knobs)
+
+
+def matmul_cases() -> list:
+    """Every shape x dtype (layouts rotating), every epilogue x dtype, every knob x epilogue."""
+    out = []
+    layouts = itertools.cycle(("nn", "tn", "nt", "tt"))
+    for (b, m, n, k), dtype in itertools.product(SHAPES, ("fp16", "bf16", "fp32")):
+        lay = next(layouts)
+        out.append((Matmul(m, n, k, batch=b, dtype=dtype, trans_a=lay[0] == "t", trans_b=lay[1] == "t"), TILE))
+    configs = itertools.cycle((TILE, SMALL))
+    for epi, dtype in itertools.product(EPILOGUES, ("fp16", "bf16", "fp32")):
+        out.append((Matmul(77, 95, 130, batch=2, dtype=dtype, epilogue=epi), next(configs)))
+    # 16-byte aligned rows (TMA's condition) with partial edge tiles everywhere
+    for knobs, epi, dtype in zip(itertools.cycle(KNOBS), EPILOGUES * 2, ("fp16", "bf16", "fp32") * 5):
+        if "WARP_SPEC" in knobs and dtype == "fp32":
+            dtype = "bf16"  # Triton cannot specialise a tf32 dot
+        lay = next(layouts)
+        expr = Matmul(1000, 520, 1576, batch=1 if "PERSISTENT" in knobs else 2, dtype=dtype, trans_a=lay[0] == "t",
+                      trans_b=lay[1] == "t", epilogue=epi)
+        out.append((expr, knob_config(knobs, dtype)))
+    return out
+
+
+def general_cases() -> list:
+    """Every general epilogue with every knob of the template (dtypes rotating), batched where the
+    knob allows, and the gated dual GEMM: every activation x dtype x FUSE, layouts and biases rotating."""
+    out = []
+    dtypes = itertools.cycle(("fp16", "bf16", "fp32"))
+    for epi, knobs in itertools.product(GENERAL, [{}] + KNOBS):
+        dtype = next(dtypes)
+        if "WARP_SPEC" in knobs and dtype == "fp32":
+            dtype = "bf16"  # Triton cannot specialise a tf32 dot
+        expr = Matmul(1000, 520, 1576, batch=1 if "PERSISTENT" in knobs else 2, dtype=dtype, epilogue=epi)
+        out.append((expr, knob_config(knobs, dtype)))
+    layouts = itertools.cycle((True, False))
+    for (act, dtype, fuse), bias in zip(itertools.product(ACTIVATIONS, ("fp16", "bf16", "fp32"), (0, 1)),
+                                       itertools.cycle((False, True, True))):
+        if fuse and dtype == "fp32":
+            continue  # joined fp32 tiles do not compile: the space never offers them
+        expr = Gated(1000, 520, 1576, dtype=dtype, activation=act, trans_b=next(layouts), bias=bias)
+        tile = TILE.replace(BLOCK_K=32 if dtype == "fp32" else 64, FUSE=fuse, UNROLL=1)
+        out.append((expr, tile if bias else SMALL.replace(FUSE=fuse)))
+    return out
+
+
+def family_cases(limits: Limits, per_expr: int = PER_EXPR) -> list:
+    """The examples of every other family, each with seeded random configs of its space."""
+    out = []
+    for op in REGISTRY:
+        if op in ("matmul", "bmm"):
+            continue
+        fam = family(op)
+        for i, expr in enumerate(fam.examples()):
+            out += [(expr, c) for c in fam.space(expr, limits).sample(np.random.default_rng(i), per_expr)]
+    # the gated kernel's tensor-descriptor loads, which random configs of the examples rarely pick:
+    # both weight layouts, 16-bit dtypes, both ways of feeding the MMA, edges of every dimension
+    tma = TILE.replace(BLOCK_N=64, UNROLL=1, TMA=1)
+    out += [(Gated(1000, 520, 1576, dtype, act, trans_b=t, bias=t), tma.replace(FUSE=f))
+            for (dtype, act, t), f in itertools.product((("fp16", "silu", True), ("bf16", "gelu_tanh", False)), (0, 1))]
+    return out
+
+
+def library_cases() -> list:
+    """Every library candidate of the epilogue cases and of every other family's examples."""
+    exprs = [Matmul(77, 95, 130, batch=b, dtype=d, epilogue=e) for e, d, b in
+             itertools.product(EPILOGUES + GENERAL + [(BiasAdd(), Relu())], ("fp16", "bf16", "fp32"), (1, 2))]
+    exprs += [e for op in REGISTRY if op not in ("matmul", "bmm") for e in family(op).examples()]
+    return [(e, Config.of(library=name)) for e in exprs for name in family(e.op).libraries(e)]
+
+
+def route_cases() -> list[tuple[dict, str | None]]:
+    """(knobs, torch.compile mode) of the replay route: every knob in the default mode; with CUDA
+    graphs the plain kernel and split-K (its scratch is allocated per call: it must stay inside
+    the graph's pool)."""
+    return [(knobs, None) for knobs in [{}] + KNOBS] + [({}, "reduce-overhead"), (KNOBS[0], "reduce-overhead")]
+
+
+def store_defaults(tasks: list, path) -> str:
+    """A database where each task's workload has its family's default config as its one trial, so
+    that every site replays without a tuning run (a check of the replay, not a measurement)."""
+    from tritune.kernels.device import device_info
+    from tritune.kernels.family import device_key
+
+    with Database(path) as db:
+        for task in tasks:
+            expr = task.expr
+            db.add_workload(expr.key, expr.op, expr.dtype, expr.to_json())
+            best = MeasureResult(family(expr.op).default_config(expr), Status.OK, *[1.0] * 4)
+            db.save(expr.key, device_key(device_info(), expr.op), [best])
+    return str(path)

@@ -1,0 +1,145 @@
+"""Compiled kernels on the GPU against a float64 reference (the cases are in gpu_cases.py), the
+replay route under Inductor (default mode and CUDA graphs), zoo models compiled by the tritune
+backend, and every family's fault hook through the crash-isolated runner.
+
+    TRITUNE_GPU_TESTS=1 python -m pytest -q tests/gpu [-k kernels|libraries|route|frontend|faults] [-k gated]
+
+A test's id names its op and dtype: `-k "gated or wide"` picks ops, as `-k "kernels and bf16"` does
+a dtype of one kind of case."""
+import itertools
+from collections import Counter
+from functools import partial
+
+import pytest
+import torch
+
+import gpu_cases
+from tritune.kernels.epilogue import BiasAdd, Gelu
+from tritune.kernels.expr import torch_dtype
+from tritune.kernels.family import REGISTRY, family
+from tritune.records.result import Status
+from tritune.schedules.space import Limits
+from tritune.tuner.timing import Timing
+from tritune.tuner.worker.candidate import match_precision, rel_error
+
+
+def _limits() -> Limits:
+    """This GPU's limits (the families' random configs are sampled within them); off a GPU, an H100's."""
+    if not torch.cuda.is_available():
+        return Limits.for_capability(9, 0)
+    props = torch.cuda.get_device_properties(0)
+    return Limits(props.shared_memory_per_block_optin, props.multi_processor_count)
+
+
+def _cases(pairs: list) -> list:
+    """pytest params of (expr, config, seed): the seed is the case's place in its list, so that any
+    subset (-k) checks each case on the same inputs."""
+    return [pytest.param(e, c, i, id=f"{e.op}-{e.dtype}-{i}") for i, (e, c) in enumerate(pairs)]
+
+
+KERNELS = gpu_cases.matmul_cases() + gpu_cases.general_cases() + gpu_cases.family_cases(_limits())
+
+
+def check(expr, config, seed: int, precompiled: dict) -> None:
+    """Run one case once and compare with float64."""
+    assert (expr.key, config) not in precompiled, precompiled.get((expr.key, config))
+    fam = family(expr.op)
+    x = fam.inputs(expr, seed, "cuda")
+    match_precision(expr)
+    out = fam.kernel(expr, config, fam.problem_of(expr, x.args))(*x.args)
+    torch.cuda.synchronize()
+    err, tol = rel_error(x.out if out is None else out, fam.reference(expr, x.args)), fam.tolerance(expr)
+    assert err <= tol, f"{expr.describe()} {dict(config)}: relative error {err:.2e} > {tol:.0e}"
+
+
+@pytest.mark.parametrize("expr, config, seed", _cases(KERNELS))
+def test_kernels(expr, config, seed, precompiled):
+    check(expr, config, seed, precompiled)
+
+
+@pytest.mark.parametrize("expr, config, seed", _cases(gpu_cases.library_cases()))
+def test_libraries(expr, config, seed, precompiled):
+    check(expr, config, seed, precompiled)
+
+
+def _route_id(knobs: dict, mode: str | None) -> str:
+    return f"{mode or 'default'}-" + (",".join(f"{k}={v}" for k, v in knobs.items()) or "plain")
+
+
+@pytest.mark.parametrize("seed, knobs, mode", [pytest.param(i, k, m, id=_route_id(k, m))
+                                               for i, (k, m) in enumerate(gpu_cases.route_cases())])
+def test_route(seed, knobs, mode):
+    """The tuned op under torch.compile (Inductor launching the kernel, as the tritune backend
+    configures it: static launches of tuned kernels), against float64."""
+    from tritune.kernels.frontend import tuned_op
+    from tritune.kernels.frontend.compiler import inductor
+    from tritune.kernels.frontend.helpers import contraction_expr
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    a, w = (torch.randn(s, generator=gen, device="cuda").half() for s in ((1000, 1576), (520, 1576)))
+    bias = torch.randn(520, generator=gen, device="cuda").half()
+    spec = tuned_op.spec_of(contraction_expr(a, w.t(), (BiasAdd(), Gelu("tanh"))), gpu_cases.knob_config(knobs))
+    torch._dynamo.reset()
+    f = torch.compile(lambda a, w, bias: torch.ops.tritune.matmul(a, w.t(), bias, [], spec) * 2, backend=inductor(mode))
+    ref = torch.nn.functional.gelu(a.double() @ w.double().t() + bias.double(), approximate="tanh") * 2
+    for _ in range(3):  # CUDA graphs: warm-up, record, replay
+        out = f(a, w, bias)
+    torch.cuda.synchronize()
+    assert rel_error(out, ref) <= 2e-3
+
+
+FRONTEND = [pytest.param(name, dtype, mode, id=f"{name}-{dtype}-{mode or 'default'}") for name, (dtype, mode) in
+            itertools.product(("llama", "gpt2"), (("fp16", None), ("bf16", "reduce-overhead")))]
+
+
+@pytest.mark.parametrize("name, dtype, mode", FRONTEND)
+def test_frontend(name, dtype, mode, tmp_path):
+    """A zoo model (one layer, 2x64 tokens, hidden 256) compiled by the tritune backend with every
+    extracted site's default config stored as its best (no tuning): each site (matmuls with their
+    fused epilogues and residuals, gated pairs, ...) replayed by Inductor. The output against
+    float64 may be off by at most twice what the eager model in the same dtype is, plus 1e-3."""
+    pytest.importorskip("transformers")
+    import tritune
+    from tritune.tuner.model import zoo
+    from tritune.tuner.model.load import build
+
+    model, (x,) = build(partial(getattr(zoo, name), hidden=256, layers=1), [(2, 64, 256)], "fp32", "cuda", "random")
+    with torch.no_grad():
+        ref = model.double()(x.double())
+        model, x = model.to(torch_dtype(dtype)), x.to(torch_dtype(dtype))
+        eager_err = rel_error(model(x), ref)
+    db = gpu_cases.store_defaults(tritune.extract_tasks(model, (x,)), tmp_path / "t.db")
+    torch._dynamo.reset()
+    backend = tritune.compiler(db, mode=mode)
+    with torch.no_grad():
+        compiled = torch.compile(model, backend=backend, fullgraph=True)
+        for _ in range(3):  # CUDA graphs: warm-up, record, replay
+            out = compiled(x)
+        torch.cuda.synchronize()
+    kinds = Counter(kind for _, kind in backend.sites)
+    assert kinds.get("tuned", 0) > 0, f"no site replayed a tuned kernel: {dict(kinds)}"
+    assert rel_error(out, ref) <= 2 * eager_err + 1e-3
+
+
+FAULT_STATUS = {"oob": Status.CRASH, "hang": Status.TIMEOUT, "wrong": Status.WRONG_ANSWER, None: Status.OK}
+# the first op of each family class (bmm and layernorm share matmul's and softmax's family code)
+FAULT_OPS = list({type(family(op)): op for op in reversed(REGISTRY)}.values())
+
+
+@pytest.fixture(scope="module")
+def runner():
+    from tritune.tuner.worker.local import LocalRunner
+
+    with LocalRunner(Timing(5.0, 20.0), timeout_s=10.0) as r:
+        yield r
+
+
+@pytest.mark.parametrize("op, fault", [pytest.param(op, f, id=f"{op}-{f}") for op in FAULT_OPS for f in FAULT_STATUS])
+def test_faults(op, fault, runner):
+    """Each family's fault hook through the crash-isolated runner: "oob" comes back CRASH, "hang"
+    TIMEOUT, "wrong" WRONG_ANSWER, and a plain run after each OK."""
+    fam = family(op)
+    expr = fam.examples()[0]
+    config = fam.default_config(expr)
+    got = runner.measure(expr, config if fault is None else config.replace(fault=fault))
+    assert got.status is FAULT_STATUS[fault], got.message
