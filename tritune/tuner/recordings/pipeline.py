@@ -84,14 +84,15 @@ def sample(expr: Any, n: int, seed: int = 0, where: str = "", faults: Sequence[s
         rows = []
         for config, future in zip(configs, futures):
             built = builder.result(future, config)
-            rows.append(config_line(built, runner.measure(expr, config, built.compile_s) if built.status is None else None))
+            measured = runner.measure(expr, config, built.compile_s) if built.status is None else None
+            rows.append(config_line(built, measured))
         retime(expr, runner, rows, refine_top, repeats)
-        measured = time.perf_counter()
+        done = time.perf_counter()
         builder.close()
         torch_ms = runner.torch_time(expr)[2]
     meta = meta_line(expr, info, torch_ms, seed=seed, space_valid=len(rows),
                      timing_ms=[timing.warmup_ms, timing.rep_ms])
-    return Sampled(meta, rows, started - start, measured - started)
+    return Sampled(meta, rows, started - start, done - started)
 
 
 def retime(expr: Any, runner: Any, rows: list[dict], top: int, repeats: int) -> None:
