@@ -89,3 +89,16 @@ def test_paired_ratio_takes_each_round_as_a_pair():
     # the host slowed down in rounds 2 and 4 for both: the ratio of each pair holds
     ours, theirs = [0.9, 1.8, 0.9, 1.8, 0.9], [1.0, 2.0, 1.0, 2.0, 1.0]
     assert abs(timing.paired_ratio(ours, theirs) - 0.9) < 1e-12
+
+
+def test_under_cuda_graphs_the_gpu_time_decides_and_a_win_is_never_thrown_away():
+    # a host-bound phase read the tuned model 0.3% slower by wall while its GPU time was 6.8% lower
+    assert model_check.wins(wall_ratio=1.003, gpu_ratio=0.932, cuda_graphs=True)
+    assert model_check.wins(wall_ratio=1.10, gpu_ratio=1 - model_check.GRAPH_MARGIN, cuda_graphs=True)
+    assert not model_check.wins(wall_ratio=0.90, gpu_ratio=0.99, cuda_graphs=True)  # a tie on the GPU is Inductor's
+
+
+def test_in_the_default_mode_the_wall_time_decides():
+    # without CUDA graphs the host's launches are part of the step: fewer launches win there
+    assert model_check.wins(wall_ratio=0.90, gpu_ratio=1.05, cuda_graphs=False)
+    assert not model_check.wins(wall_ratio=0.99, gpu_ratio=0.80, cuda_graphs=False)

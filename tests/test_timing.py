@@ -37,3 +37,28 @@ def test_the_run_budget_follows_the_kernel_runtime():
     assert runs_for(5.0, timing) == 20  # slow kernels: never fewer than min_runs
     assert runs_for(0.001, timing) == 300  # tiny kernels: never more than max_runs
     assert runs_for(0.0, timing) == 300
+
+
+def test_operand_sets_span_the_l2_so_calls_read_memory(monkeypatch):
+    import torch
+
+    from tritune.tuner import timing
+
+    class Props:
+        L2_cache_size = 50 * 2**20
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props())
+    made = timing.operand_sets(lambda i: i, set_bytes=8 * 2**20)  # a decode projection's 8 MB weight
+    assert made == list(range(19))  # 19 x 8 MB >= 3 x 50 MB
+    assert timing.operand_sets(lambda i: i, set_bytes=400 * 2**20) == [0]  # an LM head: one set is enough
+    assert len(timing.operand_sets(lambda i: i, set_bytes=1024)) == timing.MAX_SETS
+
+
+def test_the_tables_give_gb_per_s_and_the_share_of_the_copy_bandwidth():
+    from tritune.tuner.cli.display import bandwidth
+
+    h2h = {"bytes": 8_000_000, "copy_gbps": 3000.0}
+    assert bandwidth(h2h, 0.004) == ("2,000", "67%")  # 8 MB in 4 us
+    assert bandwidth({"bytes": 8_000_000}, 0.004) == ("2,000", "")
+    assert bandwidth({}, 0.004) == ("", "")

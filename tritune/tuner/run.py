@@ -178,6 +178,7 @@ def _summary(expr: Any, task: Task, history: list, best: MeasureResult, h2h: dic
         "final_ours_ms": h2h["ours_ms"], "alternatives_ms": h2h["alternatives"],
         "best_alternative": h2h["best_alternative"], "best_alternative_ms": h2h["best_alternative_ms"],
         "ours_rate": rate_text(expr, h2h["ours_ms"]),
+        "bytes": h2h.get("bytes"), "copy_gbps": h2h.get("copy_gbps"), "timed_as": h2h.get("timed_as"),
         "ratio_vs_best_alternative": h2h["best_alternative_ms"] / h2h["ours_ms"], "wall_s": wall_s,
         "space_valid": len(task.space.valid_indices), "space_size": task.space.size,
     }

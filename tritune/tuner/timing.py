@@ -188,3 +188,116 @@ def step_caller(compiled: Callable[..., Any], inputs: Sequence[Any], cuda_graphs
     if not cuda_graphs:
         return lambda: compiled(*inputs)
     return lambda: (torch.compiler.cudagraph_mark_step_begin(), compiled(*inputs))[1]
+
+
+# Kernels whose run is shorter than this are timed as CUDA-graph replays of calls back to back:
+# launched one by one from Python, a few-microsecond kernel's time is mostly the host's (a 3 us
+# decode projection read 89 us through do_bench against the library's Python call).
+SMALL_MS = 0.05
+ROTATE_L2 = 3  # operand sets that rotate within a graph span this many times the L2 (calls read HBM)
+MAX_SETS = 64
+GRAPH_MS = 2.0  # kernel time captured in one graph
+
+
+def operand_sets(make: Callable[[int], Any], set_bytes: int) -> list:
+    """Copies of a workload's operands (`make(i)`), enough that calls cycling through them read
+    their operands from memory, not from the L2 the previous call filled (as the layers of a model
+    each read their own weights): together at least ROTATE_L2 times the L2's size, at most MAX_SETS."""
+    import math
+
+    import torch
+
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    n = min(MAX_SETS, max(1, math.ceil(ROTATE_L2 * l2 / max(set_bytes, 1))))
+    return [make(i) for i in range(n)]
+
+
+def capture(calls: Sequence[Callable[[], Any]], repeats: int) -> Any:
+    """A CUDA graph of `calls` in turn, `repeats` times (warmed up first on a side stream, as
+    capture needs: libraries create their handles and workspaces on first use)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeats):
+            for call in calls:
+                call()
+    return graph
+
+
+def graph_candidate(calls: Sequence[Callable[[], Any]], timing: Timing, best_ms: float | None = None
+                    ) -> tuple[tuple[float, ...], int, bool]:
+    """As `time_candidate`, for a small kernel: ms per call of calls back to back (cycling through
+    `calls`, one per operand set) captured in one CUDA graph of about GRAPH_MS, each replay timed
+    by CUDA events: no host time, no launch gap, operands read from memory. Runs counted in replays."""
+    estimate = max(min(timed_runs(call, 1)[0] for call in calls[:2]), 1e-4)
+    repeats = max(1, int(GRAPH_MS / estimate / len(calls)))
+    graph, per_replay = capture(calls, repeats), repeats * len(calls)
+    warm_up(graph.replay, timing)
+    first = [t / per_replay for t in _replays(graph, timing.first_runs)]
+    if clearly_slower(min(first), best_ms):
+        return quantiles(first), len(first), True
+    more = max(0, min(timing.max_runs, max(timing.min_runs // 4, int(timing.rep_ms / GRAPH_MS))) - len(first))
+    rest = [t / per_replay for t in _replays(graph, more)]
+    return quantiles(first + rest), len(first) + len(rest), False
+
+
+def _replays(graph: Any, runs: int) -> list[float]:
+    """ms of each of `runs` replays of a graph, by CUDA events (no flush: the operands rotate)."""
+    import torch
+
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(runs)]
+    for start, end in pairs:
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) for start, end in pairs]
+
+
+def graph_median_ms(timing: Timing) -> Callable[[Sequence[Callable[[], Any]]], float]:
+    """A timer for `in_turns` over small kernels: the median ms per call of `graph_candidate`."""
+    return lambda calls: graph_candidate(calls, timing)[0][2]
+
+
+_copy: list[float] = []
+
+
+def copy_bandwidth_gbps() -> float:
+    """The device's measured memory bandwidth, GB/s: a 1 GiB device-to-device copy (bytes read
+    plus bytes written) per second, the fastest of ten after a warm-up; measured once per process."""
+    import torch
+
+    if not _copy:
+        src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        for _ in range(3):
+            dst.copy_(src)
+        best = min(timed_runs(lambda: dst.copy_(src), 10))
+        _copy.append(2 * src.numel() / (best * 1e-3) / 1e9)
+        del src, dst
+    return _copy[0]
+
+
+def gpu_ms_per_call(fn: Callable[[], Any], calls: int = 20) -> float:
+    """The GPU's own time per call: the device time of every kernel the profiler saw over `calls`
+    calls back to back, over `calls` (the host cannot distort it; gaps between kernels are not in it)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    _sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        _sync()
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sum(e.device_time_total for e in kernels) / calls / 1e3

@@ -113,20 +113,33 @@ def status_line(results: Sequence[MeasureResult]) -> str:
     return f"{len(results)} trials: {parts}"
 
 
+def bandwidth(h2h: dict, ms: float) -> tuple[str, str]:
+    """GB/s of a call that moves the head-to-head's operand bytes in `ms`, and its share of the
+    device's measured copy bandwidth ('' where the worker did not say)."""
+    if not h2h.get("bytes") or not ms:
+        return "", ""
+    gbps = h2h["bytes"] / (ms * 1e-3) / 1e9
+    return f"{gbps:,.0f}", f"{gbps / h2h['copy_gbps']:.0%}" if h2h.get("copy_gbps") else ""
+
+
 def summary_table(expr: Any, best: MeasureResult, h2h: dict, gpu: str) -> Table:
     """The final table of a tuned workload: its best against every alternative a user has without
-    tritune (library calls, `torch.compile`'s default lowering), timed in turns in the same run."""
+    tritune (library calls, `torch.compile`'s default lowering), timed in turns in the same run;
+    with the GB/s each reaches on the operands' bytes and its share of the measured copy bandwidth."""
     table = Table(title=f"{expr.describe()} on {gpu}")
-    for col in ("", "median ms", "throughput", "tritune best is"):
+    for col in ("", "median ms", "throughput", "GB/s", "of copy BW", "tritune best is"):
         table.add_column(col, justify="right" if col else "left")
     ours = h2h["ours_ms"]
-    table.add_row("tritune best", f"{ours:.4f}", rate(expr, ours), "")
+    table.add_row("tritune best", f"{ours:.4f}", rate(expr, ours), *bandwidth(h2h, ours), "")
     for name, ms in sorted(h2h["alternatives"].items(), key=lambda kv: kv[1]):
-        table.add_row(name, f"{ms:.4f}", rate(expr, ms), f"{ms / ours:.3f}x faster" if ms >= ours else f"{ms / ours:.3f}x")
+        table.add_row(name, f"{ms:.4f}", rate(expr, ms), *bandwidth(h2h, ms),
+                      f"{ms / ours:.3f}x faster" if ms >= ours else f"{ms / ours:.3f}x")
     winner, ratio = h2h["best_alternative"], h2h["best_alternative_ms"] / ours
     verdict = f"fastest alternative: {winner}; tritune's best is {ratio:.3f}x its speed"
     failed = f"; torch.compile could not run: {h2h['compile_error']}" if h2h.get("compile_error") else ""
-    table.caption = f"best config: {config_text(best)}\n{verdict}{failed}"
+    timed = f"\ntimed as {h2h['timed_as']}" if h2h.get("timed_as") else ""
+    copy = f"; copy bandwidth {h2h['copy_gbps']:,.0f} GB/s" if h2h.get("copy_gbps") else ""
+    table.caption = f"best config: {config_text(best)}\n{verdict}{failed}{timed}{copy}"
     return table
 
 
@@ -174,33 +187,38 @@ def result_table(summaries: Sequence[dict]) -> Table:
     """The model's workloads after tuning: the best found (a tritune kernel, or the library where it
     won) against the fastest alternative without tritune, and what a compiled model will run."""
     table = Table(title="tuned workloads: the best against the fastest alternative (timed in turns)")
-    for col in ("workload", "count", "best", "ms", "fastest alternative", "ms", "speed-up", "compiled model runs"):
+    for col in ("workload", "count", "best", "ms", "GB/s", "of copy BW", "fastest alternative", "ms", "speed-up",
+                "compiled model runs"):
         table.add_column(col)
     for s in summaries:
         expr = expr_from_dict(s["workload"])
         if not s.get("best_config"):
-            table.add_row(expr.describe(), str(s["count"]), "nothing ran", "", "", "", "", "Inductor's choice")
+            table.add_row(expr.describe(), str(s["count"]), "nothing ran", "", "", "", "", "", "", "Inductor's choice")
             continue
         library = s["best_config"].get("library")
         table.add_row(expr.describe(), str(s["count"]), f"library {library}" if library else "tritune kernel",
-                      f"{s['final_ours_ms']:.4f}", s["best_alternative"], f"{s['best_alternative_ms']:.4f}",
+                      f"{s['final_ours_ms']:.4f}", *bandwidth(s, s["final_ours_ms"]), s["best_alternative"],
+                      f"{s['best_alternative_ms']:.4f}",
                       f"{s['ratio_vs_best_alternative']:.3f}x", "Inductor's choice" if library else "tritune kernel")
     return table
 
 
 def check_table(results: Sequence[dict]) -> Table:
-    """The check as a table: per mode Inductor's time, the tuned model's, and what the model runs."""
+    """The check as a table: per mode Inductor's time and the tuned model's, wall per call and the
+    GPU's own time per step (which decides under CUDA graphs), and what the model runs."""
     table = Table(title="the whole model, compiled: Inductor against the tuned kernels (timed in turns)")
     for col in ("mode", "tuned sites", "Inductor ms", "with tuned kernels ms", "speed-up (paired rounds)",
-                "compiled model runs"):
+                "GPU ms: Inductor", "tuned", "GPU speed-up", "compiled model runs"):
         table.add_column(col)
     for r in results:
         if "error" in r:
-            table.add_row(r["mode"], "", "", "", "", f"check failed ({r['error']}): the sites decide")
+            table.add_row(r["mode"], *[""] * 7, f"check failed ({r['error']}): the sites decide")
         elif not r.get("winner"):
-            table.add_row(r["mode"], f"0/{r['sites']}", "", "", "", "Inductor (nothing tuned to replay)")
+            table.add_row(r["mode"], f"0/{r['sites']}", *[""] * 6, "Inductor (nothing tuned to replay)")
         else:
             runs = "tuned kernels" if r["winner"] == "tritune" else "Inductor (graph verdict)"
+            gpu = [f"{r['inductor_gpu_ms']:.4f}", f"{r['tritune_gpu_ms']:.4f}", f"{1 / r['gpu_ratio']:.3f}x"] \
+                if "gpu_ratio" in r else ["", "", ""]
             table.add_row(r["mode"], f"{r['tuned_sites']}/{r['sites']}", f"{r['inductor_ms']:.4f}", f"{r['tritune_ms']:.4f}",
-                          f"{1 / r['ratio']:.3f}x", runs)
+                          f"{1 / r['ratio']:.3f}x", *gpu, runs)
     return table

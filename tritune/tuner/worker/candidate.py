@@ -11,7 +11,8 @@ from typing import Any, Callable
 from tritune.kernels.family import family
 from tritune.records.result import Status
 from tritune.schedules.config import Config
-from tritune.tuner.timing import COMPARE, LOSER, Timing, in_turns, kernel_median_ms, time_candidate, time_fn
+from tritune.tuner.timing import (COMPARE, LOSER, SMALL_MS, Timing, copy_bandwidth_gbps, graph_candidate,
+                                   in_turns, kernel_median_ms, operand_sets, time_candidate, time_fn, timed_runs)
 
 
 def seed_for(seed: int, label: str) -> int:
@@ -46,8 +47,16 @@ def measure_candidate(expr: Any, config: Config, seed: int, timing: Timing, best
     if not err <= tol:
         return {"status": Status.WRONG_ANSWER, "message": f"relative error {err:.3g} > {tol:.1g}",
                 "spent": {"check": checked - start}}
-    times, runs, stopped = time_candidate(lambda: kernel(*x.args), timing, best_ms)
-    note = f"; stopped after {runs} runs, > {LOSER}x the best" if stopped else f"; {runs} runs"
+    if small(lambda: kernel(*x.args)):
+        if "sets" not in _current:
+            _current["sets"] = _sets(expr, seed, x.args, expr.key)
+        sets = _current["sets"]
+        times, runs, stopped = graph_candidate([lambda a=a: kernel(*a) for a in sets], timing, best_ms)
+        how = f"CUDA-graph replays over {len(sets)} operand sets"
+    else:
+        times, runs, stopped = time_candidate(lambda: kernel(*x.args), timing, best_ms)
+        how = "launches, L2 flushed"
+    note = f"; stopped after {runs} runs, > {LOSER}x the best" if stopped else f"; {runs} runs ({how})"
     return {"status": Status.OK, "times": times, "message": f"relative error {err:.2g}{note}",
             "spent": {"check": checked - start, "timing": time.perf_counter() - checked}}
 
@@ -71,6 +80,24 @@ def _workload(expr: Any, seed: int) -> tuple[Any, Any]:
         if hasattr(arg, "copy_"):
             arg.copy_(kept)
     return x, _current["ref"]
+
+
+def small(fn: Callable[[], Any]) -> bool:
+    """Whether a kernel runs under SMALL_MS (fastest of three launches, L2 flushed): such kernels
+    are timed without the host, as CUDA-graph replays (`timing.graph_candidate`)."""
+    return min(timed_runs(fn, 3)) < SMALL_MS
+
+
+def nbytes(args: Any) -> int:
+    """Bytes of a launch's tensor operands: the least a call must move (each read or written once)."""
+    return sum(a.numel() * a.element_size() for a in args if hasattr(a, "element_size"))
+
+
+def _sets(expr: Any, seed: int, first: tuple, label: str) -> list[tuple]:
+    """Operand sets to rotate through (`timing.operand_sets`), `first` the first of them."""
+    fam = family(expr.op)
+    return operand_sets(lambda i: first if i == 0 else fam.inputs(expr, seed_for(seed, f"{label}:{i}"), "cuda").args,
+                        nbytes(first))
 
 
 def measure_torch(expr: Any, seed: int, timing: Timing) -> tuple[float, ...]:
@@ -100,12 +127,36 @@ def head_to_head(expr: Any, config: Config, seed: int, timing: Timing = COMPARE,
     compiled, why = _compiled(fam.expression(expr), x.args)
     if compiled is not None:
         fns["torch.compile"] = compiled
-    times = in_turns({name: (lambda f=f: f(*x.args)) for name, f in fns.items()}, kernel_median_ms(timing), rounds)
+    if small(lambda: ours(*x.args)):
+        times, how = _in_graphs(fns, _sets(expr, seed, x.args, "final"), timing, rounds)
+    else:
+        calls = {name: (lambda f=f: f(*x.args)) for name, f in fns.items()}
+        times, how = in_turns(calls, kernel_median_ms(timing), rounds), "one launch at a time, L2 flushed before each"
     medians = {name: statistics.median(t) for name, t in times.items()}
     ours_ms = medians.pop("ours")
     best = min(medians, key=medians.get)
     return {"ours_ms": ours_ms, "alternatives": medians, "best_alternative": best, "best_alternative_ms": medians[best],
-            "compile_error": why}
+            "compile_error": why, "timed_as": how, "bytes": nbytes(x.args), "copy_gbps": copy_bandwidth_gbps()}
+
+
+def _in_graphs(fns: dict[str, Callable[..., Any]], sets: list[tuple], timing: Timing, rounds: int) -> tuple[dict, str]:
+    """Small kernels timed in turns as CUDA-graph replays over rotating operand sets; a function
+    that cannot be captured (named in the description) is timed by launches instead."""
+    from tritune.errors import first_line
+
+    failed: list[str] = []
+
+    def time_one(calls: list) -> float:
+        try:
+            return graph_candidate(calls, timing)[0][2]
+        except Exception as exc:  # noqa: BLE001 - e.g. a library call that syncs: timed with the host then
+            failed.append(first_line(exc))
+            return time_fn(calls[0], timing)[2]
+
+    calls = {name: [lambda f=f, a=a: f(*a) for a in sets] for name, f in fns.items()}
+    times = in_turns(calls, time_one, rounds)
+    how = f"CUDA-graph replays of calls back to back over {len(sets)} operand sets (L2 cold: operands rotate)"
+    return times, how + (f"; not capturable, timed by launches: {failed[0]}" if failed else "")
 
 
 def _compiled(fn: Callable[..., Any], args: tuple) -> tuple[Callable[..., Any] | None, str]:
