@@ -40,13 +40,13 @@ def measuring(timing: Timing, timeout_s: float = 30.0, seed: int = 0) -> Iterato
     from tritune.tuner.gpus.start import start_gpu
 
     runner, builder = start_gpu(timing, timeout_s, seed)
-    failed = True
-    try:
-        yield runner, builder
-        failed = False
-    finally:
-        builder.close(now=failed)
-        runner.close(now=failed)
+    with runner:  # a LocalRunner: its worker is stopped on the way out, killed if measuring failed
+        try:
+            yield runner, builder
+        except BaseException:
+            builder.close(now=True)
+            raise
+        builder.close()
 
 
 def parse_where(text: str) -> dict[str, int]:
