@@ -4,7 +4,7 @@
 Its expressions round-trip through their stored form; bad input is an ExprError; under the
 interpreter its default config computes the float64 reference and a wrong kernel is caught; its
 eager PyTorch version agrees with the reference; its fault hook refuses unknown faults and accepts
-every known one (they misbehave on a GPU: see scripts/gpu_correctness.py --faults).
+every known one (they misbehave on a GPU: see `TRITUNE_GPU_TESTS=1 pytest tests/gpu -k faults`).
 """
 import json
 import os

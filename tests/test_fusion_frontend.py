@@ -1,8 +1,7 @@
-"""Issue 15's frontend: general pointwise epilogues (residuals, row / column vectors, activations
+"""The fusing frontend: general pointwise epilogues (residuals, row / column vectors, activations
 written as pointwise ops, x * sigmoid(x)), gated pairs and wide groups (q, k, v) found in traced
 models, and replayed by the torch.compile backend under the interpreter against eager."""
 import math
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -22,8 +21,6 @@ from tritune.kernels.wide.expr import Wide
 from tritune.records.database import Database
 from tritune.records.result import MeasureResult, Status
 from tritune.schedules.config import Config
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
 
 FAST = Config.of(BLOCK_M=32, BLOCK_N=32, BLOCK_K=16, GROUP_M=1, num_warps=2, num_stages=2, UNROLL=1)
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3}

@@ -1,6 +1,6 @@
 """The candidate timing policy: when a candidate stops being timed, and how many runs it gets.
 
-The fixtures are real H100 timings (scripts/timing_probe.py): 40 random configs of each of two
+The fixtures are real H100 timings (scripts/probes/timing_probe.py): 40 random configs of each of two
 workloads, timed run by run as the worker times candidates, after the GPU idled as it does while a
 candidate compiles."""
 import json
