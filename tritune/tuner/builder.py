@@ -148,9 +148,15 @@ class Builder:
 
     def close(self, now: bool = False) -> None:
         """Shut the pool down: after the compiles in flight, or (`now`: the run was interrupted) at once."""
+        manager = getattr(self._pool, "_executor_manager_thread", None)  # shutdown forgets it
         if now:
             _kill(self._pool)
         self._pool.shutdown(wait=not now, cancel_futures=True)
+        if now and manager is not None:
+            # let the pool's manager thread finish closing its wake-up pipe now: at interpreter exit
+            # Python < 3.12 wakes every pool's manager unlocked, and one still closing its pipe then
+            # printed "OSError: Bad file descriptor" after our last line (1 exit in 3)
+            manager.join(timeout=5)
 
 
 def _no_build_needed(config: Config) -> Future:
