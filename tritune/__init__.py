@@ -8,7 +8,7 @@
 import importlib
 from typing import Any
 
-__all__ = ["apply_history_best", "compiler", "extract_tasks", "ops"]
+__all__ = ["NoCudaDevice", "apply_history_best", "compiler", "extract_tasks", "ops"]
 __version__ = "0.1.0"
 
 # name -> (module, attribute; None for the module itself)
@@ -17,6 +17,7 @@ _LAZY = {
     "apply_history_best": ("tritune.records.dispatch", "apply_history_best"),
     "extract_tasks": ("tritune.kernels.frontend.extract", "extract_tasks"),
     "compiler": ("tritune.kernels.frontend.compiler", "compiler"),
+    "NoCudaDevice": ("tritune.kernels.device", "NoCudaDevice"),  # what ops raise for tensors off CUDA
 }
 
 

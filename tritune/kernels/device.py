@@ -3,11 +3,29 @@ interpreter stands in for one (as in the CPU tests)."""
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any, Iterable
 
 from tritune.settings import SETTINGS
 
 INTERPRETER = "triton-interpreter"
 INTERPRETER_SMS = 4  # persistent kernels still split their tiles over several programs
+
+
+class NoCudaDevice(RuntimeError):
+    """Tuned kernels were asked to run where there is no CUDA device: tensors on another device, or
+    a torch that finds no CUDA GPU."""
+
+
+def check_cuda(tensors: Iterable[Any], what: str) -> None:
+    """NoCudaDevice unless every tensor is a CUDA tensor (any tensor passes under Triton's interpreter)."""
+    if interpreted():
+        return
+    elsewhere = sorted({str(t.device) for t in tensors if t is not None and not t.is_cuda})
+    if elsewhere:
+        import torch
+
+        why = "" if torch.cuda.is_available() else "; torch finds no CUDA device on this machine"
+        raise NoCudaDevice(f"{what} runs tuned kernels on CUDA tensors, not on {', '.join(elsewhere)}{why}")
 
 
 def interpreted() -> bool:
@@ -24,6 +42,8 @@ def device_info(index: int = 0) -> dict:
     if interpreted():
         return {"gpu": INTERPRETER, "capability": "0.0", "sms": INTERPRETER_SMS, "shared_bytes": 0,
                 "triton": triton.__version__, "torch": torch.__version__}
+    if not torch.cuda.is_available():  # torch's own error is an AssertionError from deep inside
+        raise NoCudaDevice("tuned kernels need a CUDA device; torch finds none on this machine")
     props = torch.cuda.get_device_properties(index)
     return {
         "gpu": props.name, "capability": f"{props.major}.{props.minor}",

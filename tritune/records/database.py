@@ -4,99 +4,29 @@ No torch or triton here: the database is read by commands that must work without
 """
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence, TextIO
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, Sequence, TextIO
 
 import sqlite_utils
 
 from tritune.records.result import DeviceKey, MeasureResult, Status
-from tritune.records import jsonl
+from tritune.records import jsonl, schema
 from tritune.records.owners import alive
+from tritune.records.schema import SCHEMA_VERSION
 from tritune.schedules.config import Config
 
-SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 60.0  # how long a write waits for other tuners' writes before it fails
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _TABLES = ("meta", "workloads", "devices", "trials")
 _TIMES = jsonl.TIMES
 _TRIAL_COLUMNS = ("workload", "device", "config_key", "config", "status", *_TIMES, "compile_s", "timestamp", "message",
                   "measured_on")
-
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS workloads (
-    key TEXT PRIMARY KEY, op TEXT NOT NULL, dtype TEXT NOT NULL, spec TEXT NOT NULL, created REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS devices (key TEXT PRIMARY KEY, spec TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS trials (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    workload TEXT NOT NULL REFERENCES workloads(key),
-    device TEXT NOT NULL REFERENCES devices(key),
-    config_key TEXT NOT NULL, config TEXT NOT NULL, status TEXT NOT NULL,
-    t_min REAL, t_p20 REAL, t_median REAL, t_p80 REAL,
-    compile_s REAL NOT NULL DEFAULT 0, timestamp REAL NOT NULL, message TEXT NOT NULL DEFAULT '',
-    measured_on TEXT NOT NULL DEFAULT '');
-CREATE UNIQUE INDEX IF NOT EXISTS trials_config ON trials (workload, device, config_key);
-CREATE INDEX IF NOT EXISTS trials_status ON trials (workload, device, status);
-INSERT OR IGNORE INTO meta (name, value) VALUES ('schema_version', '{SCHEMA_VERSION}');
-"""
-# Which tuner is measuring which config right now (rows live only while a measurement does), so
-# that tuners sharing a database never measure one config twice. Created on first use: commands
-# that only read never write, and older databases gain it without a migration.
-_CLAIMS = """
-CREATE TABLE IF NOT EXISTS claims (
-    workload TEXT NOT NULL, device TEXT NOT NULL, config_key TEXT NOT NULL,
-    owner TEXT NOT NULL, since REAL NOT NULL, PRIMARY KEY (workload, device, config_key))
-"""
-
-# The verdict of a tuned workload's final head-to-head (its best against the library calls, timed in
-# turns with long runs): which stored config replay runs. Created on first use, like claims.
-_VERDICTS = """
-CREATE TABLE IF NOT EXISTS verdicts (
-    workload TEXT NOT NULL, device TEXT NOT NULL, winner TEXT NOT NULL, detail TEXT NOT NULL,
-    timestamp REAL NOT NULL, PRIMARY KEY (workload, device))
-"""
-# Whether a whole compiled graph ran faster with its tuned kernels than Inductor without them, in one
-# torch.compile mode (measured by tune-model on the model; `graph` is the backend's signature).
-_GRAPH_VERDICTS = """
-CREATE TABLE IF NOT EXISTS graph_verdicts (
-    graph TEXT NOT NULL, device TEXT NOT NULL, mode TEXT NOT NULL, winner TEXT NOT NULL, detail TEXT NOT NULL,
-    timestamp REAL NOT NULL, PRIMARY KEY (graph, device, mode))
-"""
-# Which GPU measured each trial ("host:index"): a column that databases made before it gain on their
-# first write of a trial (older tritunes name their columns and leave it at its default).
-_MEASURED_ON = "ALTER TABLE trials ADD COLUMN measured_on TEXT NOT NULL DEFAULT ''"
-
-# How the best trial is chosen: the verdict's winner where there is one, else the lowest median.
-_ORDER = "t_median, t.id"
-_ORDER_WITH_VERDICTS = ("COALESCE(t.config_key = (SELECT winner FROM verdicts v WHERE v.workload = t.workload "
-                        "AND v.device = t.device), 0) DESC, " + _ORDER)
-
-# The best OK trial of every (workload, device), with the count of all its trials.
-_BEST_ROWS_SQL = """
-WITH ranked AS (
-    SELECT t.*, ROW_NUMBER() OVER (PARTITION BY workload, device ORDER BY {order}) AS pos
-    FROM trials t WHERE status = 'OK' AND t_median IS NOT NULL),
-counts AS (SELECT workload, device, COUNT(*) AS n FROM trials GROUP BY workload, device)
-SELECT r.*, w.op, w.dtype, w.spec AS workload_spec, d.spec AS device_spec, c.n AS n_trials
-FROM ranked r
-JOIN workloads w ON w.key = r.workload
-JOIN devices d ON d.key = r.device
-JOIN counts c ON c.workload = r.workload AND c.device = r.device
-WHERE r.pos = 1 AND (:op IS NULL OR w.op = :op)
-ORDER BY w.op, w.dtype, w.created, w.key, r.device
-"""
-
-_EXPORT_SQL = """
-SELECT t.*, w.op, w.dtype, w.spec AS workload_spec, d.spec AS device_spec
-FROM trials t JOIN workloads w ON w.key = t.workload JOIN devices d ON d.key = t.device
-ORDER BY t.id
-"""
-
 
 class DatabaseError(Exception):
     """A tuning database that cannot be opened, read or written; its str is one human line."""
@@ -115,25 +45,37 @@ class BestRow:
     n_trials: int
 
 
+def _reads(method: Callable) -> Callable:
+    """A read whose failure (a page damaged since the file was opened, a disk gone) is one line."""
+    @functools.wraps(method)
+    def read(self: "Database", *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.Error as exc:
+            raise DatabaseError(f"cannot read tuning database {self.path}: {exc}") from None
+    return read
+
+
 class Database:
     """The tuning database at one path: created on first use, checked before anything is written."""
 
-    def __init__(self, path: str | Path, checked: bool = False) -> None:
+    def __init__(self, path: str | Path, checked: bool = False, readonly: bool = False) -> None:
         """`checked`: a second connection (for another thread) to a file this process already has
         open. It must not be read with anything but SQLite then: closing any descriptor of the file
         drops every POSIX lock the process holds on it, and another process may then take itself
         for the last user and reset the WAL under the open connections (their commits were lost:
-        SQLite's "How To Corrupt", section 2.2)."""
-        self.path = Path(path)
+        SQLite's "How To Corrupt", section 2.2). `readonly`: nothing is ever written to the file."""
+        self.path, self.readonly = Path(path), readonly
         if not checked:
             _check_file(self.path)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite_utils.Database(sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S))
+            if not readonly:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite_utils.Database(_connect(self.path, readonly))
         except (OSError, sqlite3.Error) as exc:
             raise self._error(getattr(exc, "strerror", None) or str(exc)) from None
         try:
-            self._open()
+            self._open(verify=not checked)
         except (sqlite3.Error, sqlite_utils.db.TransactionError) as exc:
             self._db.close()
             raise self._error(str(exc)) from None
@@ -143,30 +85,43 @@ class Database:
 
     @classmethod
     def open_existing(cls, path: str | Path) -> "Database":
-        """Open a database that must already exist (for commands that only read)."""
+        """Open, read-only, a database that must already exist (for commands that only read)."""
         if not Path(path).exists():
             raise DatabaseError(f"no tuning database at {path} (run `tune-cli run` first, or pass --db)")
-        return cls(path)
+        return Database(path, readonly=True)  # not cls: a subclass may take the path alone
 
     def _error(self, reason: str) -> DatabaseError:
         return DatabaseError(f"cannot open tuning database {self.path}: {reason}")
 
-    def _open(self) -> None:
+    def _open(self, verify: bool) -> None:
         # Every check only reads; the first write (WAL, tables) comes once the file is known to be ours.
         tables = set(self._db.table_names())
         if tables:
             self._check_schema(tables)
-        self._db.enable_wal()
+            if verify:
+                self._check_pages()
+        elif self.readonly:  # an empty file reads as an empty database, which this one stands in for
+            self._db.close()
+            self._db = sqlite_utils.Database(sqlite3.connect(":memory:"))
+        if not self.readonly:
+            self._db.enable_wal()
         # WAL with NORMAL sync: a killed process loses no committed trial; only an OS crash or power
         # cut may lose the last few (never corrupting the file), and a commit costs no fsync
         self._db.execute("PRAGMA synchronous = NORMAL")
         self._db.execute("PRAGMA foreign_keys = ON")
         if not tables:
             with self._write():
-                for statement in filter(str.strip, _SCHEMA.split(";")):
+                for statement in filter(str.strip, schema.SCHEMA.split(";")):
                     self._db.conn.execute(statement)
         self._claims_ready = False
         self._measured_on_ready = False
+
+    def _check_pages(self) -> None:
+        """Refuse a file with damaged pages that its header and schema do not show (SQLite's
+        quick_check reads every page: about 2 ms per MB)."""
+        found = self._db.execute("PRAGMA quick_check(1)").fetchone()[0]
+        if found != "ok":
+            raise self._error(f"database disk image is malformed ({found.strip().splitlines()[-1]})")
 
     def _check_schema(self, tables: set[str]) -> None:
         if "meta" not in tables:
@@ -241,7 +196,7 @@ class Database:
         where = "WHERE workload = ? AND device = ? AND config_key = ?"
         with self._write():
             if not self._claims_ready:
-                self._db.conn.execute(_CLAIMS)
+                self._db.conn.execute(schema.CLAIMS)
                 self._claims_ready = True
             if self._db.execute(f"SELECT 1 FROM trials {where}", key).fetchone():
                 return False
@@ -257,6 +212,7 @@ class Database:
             with self._write():
                 self._db.execute("DELETE FROM claims WHERE owner = ?", [owner])
 
+    @_reads
     def count(self, workload_key: str, device: DeviceKey) -> int:
         """How many trials of a workload are stored for a device."""
         sql = "SELECT COUNT(*) FROM trials WHERE workload = ? AND device = ?"
@@ -272,7 +228,7 @@ class Database:
         if not self._measured_on_ready:
             columns = {row[1] for row in self._db.execute("PRAGMA table_info(trials)")}
             if "measured_on" not in columns:
-                self._db.execute(_MEASURED_ON)
+                self._db.execute(schema.MEASURED_ON)
             self._measured_on_ready = True
         self._db.execute("INSERT OR IGNORE INTO devices (key, spec) VALUES (?, ?)", [device.key, device.to_json()])
         rows = [_trial_row(workload_key, device.key, r) for r in results]
@@ -282,6 +238,7 @@ class Database:
             f"VALUES ({', '.join('?' * len(_TRIAL_COLUMNS))})", rows)
         return self._db.conn.total_changes - before
 
+    @_reads
     def trials(self, workload_key: str, device: DeviceKey | None = None) -> list[MeasureResult]:
         """Every stored trial of a workload (on one device, or all), in insertion order."""
         sql, params = "SELECT * FROM trials WHERE workload = ?", [workload_key]
@@ -289,6 +246,7 @@ class Database:
             sql, params = sql + " AND device = ?", params + [device.key]
         return [_result(row) for row in self._db.query(sql + " ORDER BY id", params)]
 
+    @_reads
     def best(self, workload_key: str, device: DeviceKey) -> MeasureResult | None:
         """The OK trial a workload runs on a device: the winner of its head-to-head where one was
         stored (`save_verdict`), else the one with the lowest median time; None if none ran."""
@@ -300,17 +258,18 @@ class Database:
     def save_verdict(self, workload_key: str, device: DeviceKey, winner: Config, detail: dict) -> None:
         """Store which stored config won a workload's final head-to-head (and its timings)."""
         with self._write():
-            self._db.conn.execute(_VERDICTS)
+            self._db.conn.execute(schema.VERDICTS)
             self._db.execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?, ?, ?)",
                              [workload_key, device.key, winner.key, json.dumps(detail, sort_keys=True), time.time()])
 
     def save_graph_verdict(self, graph: str, device: DeviceKey, mode: str, winner: str, detail: dict) -> None:
         """Store whether a compiled graph ran faster with its tuned kernels ('tritune') or without ('inductor')."""
         with self._write():
-            self._db.conn.execute(_GRAPH_VERDICTS)
+            self._db.conn.execute(schema.GRAPH_VERDICTS)
             self._db.execute("INSERT OR REPLACE INTO graph_verdicts VALUES (?, ?, ?, ?, ?, ?)",
                              [graph, device.key, mode, winner, json.dumps(detail, sort_keys=True), time.time()])
 
+    @_reads
     def graph_verdict(self, graph: str, device: DeviceKey, mode: str) -> str | None:
         """The stored winner of a graph in a mode on a device ('tritune' or 'inductor'), or None."""
         if "graph_verdicts" not in self._db.table_names():
@@ -320,20 +279,23 @@ class Database:
         return row[0] if row else None
 
     def _order(self) -> str:
-        return _ORDER_WITH_VERDICTS if "verdicts" in self._db.table_names() else _ORDER
+        return schema.ORDER_WITH_VERDICTS if "verdicts" in self._db.table_names() else schema.ORDER
 
+    @_reads
     def best_rows(self, op: str | None = None) -> list[BestRow]:
         """The best OK trial of every (workload, device) pair, optionally of one op."""
         return [BestRow(row["workload"], row["op"], row["dtype"], row["workload_spec"],
                         DeviceKey.from_json(row["device_spec"]), _result(row), row["n_trials"])
-                for row in self._db.query(_BEST_ROWS_SQL.format(order=self._order()), {"op": op})]
+                for row in self._db.query(schema.BEST_ROWS.format(order=self._order()), {"op": op})]
 
+    @_reads
     def workloads(self, op: str | None = None) -> list[tuple[str, str, str, str]]:
         """(key, op, dtype, spec JSON) of every stored workload, optionally of one op."""
         rows = self._db.execute("SELECT key, op, dtype, spec FROM workloads WHERE (:op IS NULL OR op = :op) "
                                 "ORDER BY created, key", {"op": op})
         return [tuple(row) for row in rows]
 
+    @_reads
     def export_jsonl(self, fp: TextIO) -> int:
         """Write every trial as one self-contained JSON line (the winner of its workload's
         head-to-head marked `"verdict": true`); returns lines written."""
@@ -341,28 +303,52 @@ class Database:
         winners = set()
         if "verdicts" in self._db.table_names():
             winners = {tuple(r) for r in self._db.execute("SELECT workload, device, winner FROM verdicts")}
-        for row in self._db.query(_EXPORT_SQL):
+        for row in self._db.query(schema.EXPORT):
             won = (row["workload"], row["device"], row["config_key"]) in winners
             fp.write(jsonl.trial_line(row, won) + "\n")
             n += 1
         return n
 
-    def import_jsonl(self, fp: TextIO) -> int:
+    def import_jsonl(self, fp: TextIO | BinaryIO) -> int:
         """Add the trials of a JSONL export, all or nothing; returns how many were new."""
         try:
-            parsed = [jsonl.parse_line(text, number) for number, text in enumerate(fp, 1) if text.strip()]
+            parsed = jsonl.parse_lines(fp)
         except ValueError as exc:
             raise DatabaseError(str(exc)) from None
+        return self.import_trials(parsed)
+
+    def import_trials(self, parsed: Sequence[jsonl.Trial]) -> int:
+        """Add parsed JSONL trials (`jsonl.parse_lines`), all or nothing; returns how many were new.
+        Where nothing is new the file is not written at all."""
+        fresh = [trial for trial in parsed if self._is_new(trial)]
         n = 0
-        with self._write():
-            for workload, device, result, won in parsed:
-                self._add_workload(*workload)
-                n += self._insert(workload[0], device, [result])
-                if won:  # the head-to-head's winner, as the exporting database had it
-                    self._db.conn.execute(_VERDICTS)
-                    self._db.execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?, ?, ?)",
-                                     [workload[0], device.key, result.config.key, "{}", result.timestamp])
+        if fresh:
+            with self._write():
+                for workload, device, result, won in fresh:
+                    self._add_workload(*workload)
+                    n += self._insert(workload[0], device, [result])
+                    if won:  # the head-to-head's winner, as the exporting database had it
+                        self._db.conn.execute(schema.VERDICTS)
+                        self._db.execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?, ?, ?)",
+                                         [workload[0], device.key, result.config.key, "{}", result.timestamp])
         return n
+
+    @_reads
+    def _is_new(self, trial: jsonl.Trial) -> bool:
+        """Whether storing a parsed trial changes anything: a config not stored, or a verdict not held."""
+        (workload, *_), device, result, won = trial
+        key = [workload, device.key, result.config.key]
+        if not self._db.execute("SELECT 1 FROM trials WHERE workload = ? AND device = ? AND config_key = ?",
+                                key).fetchone():
+            return True
+        return won and ("verdicts" not in self._db.table_names() or not self._db.execute(
+            "SELECT 1 FROM verdicts WHERE workload = ? AND device = ? AND winner = ?", key).fetchone())
+
+
+def _connect(path: Path, readonly: bool) -> sqlite3.Connection:
+    if readonly:  # SQLite's read-only mode: no write reaches the file, whatever runs on the connection
+        return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
+    return sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S)
 
 
 def _check_file(path: Path) -> None:

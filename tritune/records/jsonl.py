@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Iterable, Tuple
 
 from tritune.records.result import DeviceKey, MeasureResult, Status
 from tritune.schedules.config import Config
 
 TIMES = ("t_min", "t_p20", "t_median", "t_p80")
+# one parsed line: (workload row: key, op, dtype, spec JSON), device, result, whether it won its head-to-head
+Trial = Tuple[Tuple[str, str, str, str], DeviceKey, MeasureResult, bool]
 
 
 def trial_line(row: Any, won: bool) -> str:
@@ -25,7 +27,22 @@ def trial_line(row: Any, won: bool) -> str:
     return json.dumps(line)
 
 
-def parse_line(text: str, number: int) -> tuple[tuple[str, str, str, str], DeviceKey, MeasureResult, bool]:
+def parse_lines(lines: Iterable[str | bytes]) -> list[Trial]:
+    """Every trial of a JSONL export (text or bytes lines; blank lines skipped); ValueError names
+    the first bad line."""
+    parsed = []
+    for number, line in enumerate(lines, 1):
+        if isinstance(line, bytes):
+            try:
+                line = line.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValueError(f"bad trial on line {number}: not UTF-8 text") from None
+        if line.strip():
+            parsed.append(parse_line(line, number))
+    return parsed
+
+
+def parse_line(text: str, number: int) -> Trial:
     """One JSONL line as (workload row, device, result, whether it won its head-to-head); any flaw
     names the line."""
     try:

@@ -7,8 +7,9 @@ exact workload's best record on this device is a tritune kernel becomes a call t
 `torch.ops.tritune.wide` returning its outputs: triton_ops that Inductor launches like its own
 kernels. A site whose best is the library (cuBLAS measured faster while tuning), every site without
 a record, and the rest of the graph go to Inductor (or to another `fallback`), in the `mode` asked
-for ("reduce-overhead": CUDA graphs); a gated pair or wide group whose kernel does not run leaves
-its contractions to be sites of their own. Misses are logged once per workload.
+for ("reduce-overhead": CUDA graphs), as does a whole graph whose tensors are not all on CUDA; a
+gated pair or wide group whose kernel does not run leaves its contractions to be sites of their
+own. Misses are logged once per workload.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import torch
 import torch.fx as fx
 
 from tritune.errors import first_line
-from tritune.kernels.device import device_info
+from tritune.kernels.device import device_info, interpreted
 from tritune.kernels.family import device_key
 from tritune.kernels.frontend import graph
 from tritune.kernels.frontend.rewrites import GraphEdit
@@ -249,6 +250,10 @@ def _unsupported(example_inputs: Sequence[Any]) -> str:
         return f"this torch cannot define the replay op ({first_line(exc)})"
     if any(isinstance(x, torch.SymInt) for x in example_inputs):
         return "dynamic shapes are not replayed (compile with dynamic=False)"
+    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+    if not interpreted() and not (tensors and all(x.is_cuda for x in tensors)):
+        where = ", ".join(sorted({str(x.device) for x in tensors})) or "no tensor"
+        return f"tuned kernels run on CUDA tensors, and this graph's are on {where}"
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
         return "tuned kernels have no backward: run under torch.no_grad() or torch.inference_mode() to use them"
     return ""

@@ -5,6 +5,7 @@ Config choice, in order: the best stored config of this exact workload on this d
 be a library call, when that measured fastest); else that of the nearest tuned shape of the same op
 and dtype (log-distance of B, M, N, K); else DEFAULT.
 A fallback warns once per workload. Choices and compiled kernels are cached per call signature.
+Tensors that are not on a CUDA device (or no CUDA device at all) raise `NoCudaDevice`.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 
 from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.contraction.launch import DEFAULT, problem_of
-from tritune.kernels.device import device_info
+from tritune.kernels.device import NoCudaDevice, check_cuda, device_info  # noqa: F401 - NoCudaDevice: the API's error
 from tritune.kernels.family import device_key, family
 from tritune.kernels.epilogue import BiasAdd, Epilogue
 from tritune.kernels.expr import ExprError
@@ -116,6 +117,7 @@ def matmul(a: Any, b: Any, bias: Any = None, *, epilogue: Sequence[Epilogue] = (
 
 def _prepare(a: Any, b: Any, bias: Any, epilogue: Sequence[Epilogue], inputs: tuple, source: Any,
              allow_tf32: bool) -> _Entry:
+    check_cuda((a, b, bias, *inputs), "tritune.ops.matmul")
     if any(t is not None and t.device != a.device for t in (b, bias, *inputs)):
         raise ExprError(f"matmul operands are on different devices: {a.device} and {b.device}")
     if bias is not None and bias.dtype != a.dtype:
@@ -140,4 +142,5 @@ def _prepare(a: Any, b: Any, bias: Any, epilogue: Sequence[Epilogue], inputs: tu
 
 def explain(a: Any, b: Any, bias: Any = None, *, epilogue: Sequence[Epilogue] = (), db: Any = None) -> Choice:
     """Which config `matmul` would run for these arguments, and why."""
+    check_cuda((a, b, bias), "tritune.ops.explain")
     return choose(_expr_of(a, b, bias, epilogue), history_of(db))

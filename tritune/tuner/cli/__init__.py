@@ -3,25 +3,32 @@ model checked), `worker` (a GPU host of a cluster), `best`, `export`, `import` a
 input gets one line on stderr and exit code 2; no GPU, exit code 3."""
 from __future__ import annotations
 
-import json
 import signal
 import sys
-import warnings
-from contextlib import ExitStack, contextmanager
-from pathlib import Path
-from typing import Any, Iterator
-
-import click
-
-from tritune.kernels.expr import DTYPES, ExprError
-from tritune.kernels.faults import FAULTS
-from tritune.kernels.family import family, ops, parse_expr
-from tritune.records.database import Database, DatabaseError
-from tritune.search import REGISTRY
-from tritune.settings import SETTINGS
 
 EXIT_USAGE, EXIT_NO_GPU = 2, 3
 EXIT_SIGINT, EXIT_SIGTERM = 130, 143  # 128 + the signal, as shells report them
+STORED = "every measured trial is stored, a rerun resumes"
+
+try:  # Ctrl-C during the imports (the first few tenths of a second) is an interruption like any other
+    import json
+    import warnings
+    from contextlib import ExitStack, contextmanager
+    from pathlib import Path
+    from typing import Any, Iterator
+
+    import click
+
+    from tritune.kernels.expr import DTYPES, ExprError
+    from tritune.kernels.faults import FAULTS
+    from tritune.kernels.family import family, ops, parse_expr
+    from tritune.records.database import Database, DatabaseError
+    from tritune.search import REGISTRY
+    from tritune.settings import SETTINGS
+    from tritune.tuner.cli import paths
+except KeyboardInterrupt:
+    sys.stderr.write(f"tune-cli: interrupted (SIGINT); {STORED}\n")
+    raise SystemExit(EXIT_SIGINT) from None
 
 
 class UsageError(click.ClickException):
@@ -44,13 +51,32 @@ def _ops_help() -> str:
         f"  {op}: {family(op).cli_help}" for op in ops())
 
 
+def _op(op: str | None) -> str | None:
+    """An `--op` filter, checked (an unknown op is one line, exit code 2, as `run` has it)."""
+    if op is not None and op not in ops():
+        raise UsageError(f"unknown op {op!r}; known: {', '.join(ops())}")
+    return op
+
+
 def open_db(path: str | None, must_exist: bool = False) -> Database:
-    """Open the tuning database, turning any failure into one line."""
+    """Open the tuning database (read-only where it `must_exist`: for the commands that only read),
+    turning any failure into one line."""
     target = Path(path) if path else SETTINGS.db_path
     try:
         return Database.open_existing(target) if must_exist else Database(target)
     except DatabaseError as exc:
         raise UsageError(str(exc)) from None
+
+
+@contextmanager
+def reading(path: str | None) -> Iterator[Database]:
+    """The tuning database, read-only, for a command that only reads: a database that fails while
+    it is read (damaged pages) is one line too."""
+    with open_db(path, must_exist=True) as db:
+        try:
+            yield db
+        except DatabaseError as exc:
+            raise UsageError(str(exc)) from None
 
 
 class Terminated(BaseException):
@@ -89,7 +115,7 @@ def cli() -> None:
     """tritune: autotune Triton kernels, store the best configs, replay them."""
 
 
-db_option = click.option("--db", "db_path", default=None, help=f"tuning database [default: $TRITUNE_DB or {SETTINGS.db_path}]")
+db_option = click.option("--db", "db_path", default=None, callback=paths.database, help=f"tuning database [default: $TRITUNE_DB or {SETTINGS.db_path}]")
 
 
 def cluster_options(command: Any) -> Any:
@@ -124,7 +150,8 @@ def cluster_options(command: Any) -> Any:
 @click.option("--workers", default=None, type=click.IntRange(1), help="compile processes [default: one per core]")
 @click.option("--devices", default=None, help="GPUs to measure on, e.g. 0,1 or all (one worker each) [default: the first]")
 @cluster_options
-@click.option("--summary-json", default=None, type=click.Path(dir_okay=False), help="also write the final numbers here")
+@click.option("--summary-json", default=None, type=click.Path(dir_okay=False), callback=paths.output_file,
+              help="also write the final numbers here")
 @click.option("--verbose", is_flag=True, help="also show where the run's time went (it is in --summary-json too)")
 @click.option("--inject-fault", "faults", multiple=True, type=click.Choice(FAULTS), hidden=True)
 @db_option
@@ -154,7 +181,8 @@ def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, acti
 @click.option("--trials", default=256, show_default=True, type=click.IntRange(1), help="trials in total, shared by the model's workloads")
 @click.option("--strategy", default="sa", show_default=True, help=f"one of {', '.join(sorted(REGISTRY))}")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--summary-json", default=None, type=click.Path(dir_okay=False), help="also write each task's numbers here")
+@click.option("--summary-json", default=None, type=click.Path(dir_okay=False), callback=paths.output_file,
+              help="also write each task's numbers here")
 @click.option("--devices", default=None, help="GPUs to measure on, e.g. 0,1 or all (one worker each) [default: the first]")
 @cluster_options
 @click.option("--dry-run", is_flag=True, help="only list the workloads and their trials (no GPU needed)")
@@ -283,18 +311,20 @@ def best(op, db_path) -> None:
     """List the best stored config of every workload and device."""
     from tritune.tuner.cli.display import best_table, out
 
-    with open_db(db_path, must_exist=True) as db:
+    op = _op(op)
+    with reading(db_path) as db:
         out.print(best_table(db.best_rows(op)))
 
 
 @cli.command("export")
-@click.option("--out", "out_path", default="-", type=click.Path(dir_okay=False, allow_dash=True), help="JSONL file ('-' = stdout)")
+@click.option("--out", "out_path", default="-", type=click.Path(dir_okay=False, allow_dash=True),
+              callback=paths.output_file, help="JSONL file ('-' = stdout)")
 @db_option
 def export_(out_path, db_path) -> None:
     """Write every stored trial as JSON lines."""
-    with open_db(db_path, must_exist=True) as db, click.open_file(out_path, "w") as fp:
+    with reading(db_path) as db, click.open_file(out_path, "w") as fp:
         n = db.export_jsonl(fp)
-    click.echo(f"exported {n} trials", err=True)
+    click.echo(f"exported {_trials(n)}", err=True)
 
 
 @cli.command("import")
@@ -302,17 +332,30 @@ def export_(out_path, db_path) -> None:
 @db_option
 def import_(src, db_path) -> None:
     """Add trials from a JSONL file (all or nothing; stored configs are kept)."""
-    with open_db(db_path) as db, click.open_file(src) as fp:
+    from tritune.records.jsonl import parse_lines
+
+    try:
+        with click.open_file(src, "rb") as fp:  # bytes: a line that is not UTF-8 is named
+            parsed = parse_lines(fp)  # the whole file is checked before the database is opened
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot import {'stdin' if src == '-' else src}: {getattr(exc, 'strerror', None) or exc}") from None
+    with open_db(db_path) as db:
         try:
-            n = db.import_jsonl(fp)
+            n = db.import_trials(parsed)
         except DatabaseError as exc:
             raise UsageError(str(exc)) from None
-    click.echo(f"imported {n} new trials", err=True)
+    click.echo(f"imported {_trials(n, 'new ')}", err=True)
+
+
+def _trials(n: int, kind: str = "") -> str:
+    """'1 trial', '2 trials'."""
+    return f"{n} {kind}trial{'' if n == 1 else 's'}"
 
 
 @cli.command()
 @click.option("--op", default=None, help="only this operator")
-@click.option("--out", "out_dir", default="tritune-report", show_default=True, type=click.Path(file_okay=False))
+@click.option("--out", "out_dir", default="tritune-report", show_default=True, type=click.Path(file_okay=False),
+              callback=paths.output_dir)
 @click.option("--min-trials", default=32, show_default=True, type=click.IntRange(8), help="skip workloads with fewer")
 @click.option("--folds", default=5, show_default=True, type=click.IntRange(2))
 @db_option
@@ -323,7 +366,8 @@ def report(op, out_dir, min_trials, folds, db_path) -> None:
     from tritune.cost_model import report as rep
     from tritune.tuner.cli.display import out
 
-    with open_db(db_path, must_exist=True) as db:
+    op = _op(op)
+    with reading(db_path) as db:
         try:
             result, sets, scores = rep.build(db, op, min_trials, folds)
         except rep.ReportError as exc:
@@ -337,16 +381,16 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI, turning usage errors into one line and exit code 2. SIGINT and
     SIGTERM stop a run at once (every measured trial is already stored; the children are stopped
     on the way out) with exit codes 130 and 143."""
-    warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION.*")
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    stored = "every measured trial is stored, a rerun resumes"
+    previous = signal.getsignal(signal.SIGTERM)
     try:
+        signal.signal(signal.SIGTERM, _terminate)
+        warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION.*")
         cli.main(args=argv, prog_name="tune-cli", standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt):
-        click.echo(f"tune-cli: interrupted (SIGINT); {stored}", err=True)
+        click.echo(f"tune-cli: interrupted (SIGINT); {STORED}", err=True)
         sys.exit(EXIT_SIGINT)
     except Terminated:
-        click.echo(f"tune-cli: terminated (SIGTERM); {stored}", err=True)
+        click.echo(f"tune-cli: terminated (SIGTERM); {STORED}", err=True)
         sys.exit(EXIT_SIGTERM)
     except DatabaseError as exc:  # a write refused mid-run: a full disk, a read-only file
         click.echo(f"tune-cli: {exc}; the run stopped, the trials stored before are kept", err=True)
@@ -399,7 +443,7 @@ def _timing_options(command: Any) -> Any:
 @_timing_options
 @click.option("--refine", default=0, show_default=True, type=click.IntRange(0), help="re-time the N fastest configs ...")
 @click.option("--repeats", default=5, show_default=True, type=click.IntRange(1), help="... this many more times; keep the median")
-@click.option("--out", default=None, type=click.Path(dir_okay=False), help="the recording (.jsonl or .jsonl.gz) [default: report only]")
+@click.option("--out", default=None, type=click.Path(dir_okay=False), callback=paths.output_file, help="the recording (.jsonl or .jsonl.gz) [default: report only]")
 def recording_sample(op, shape, dtype, count, seed, where, faults, timeout, warmup_ms, rep_ms, refine, repeats, out) -> None:
     """Build and measure a seeded sample of a workload's space on this GPU (default timing 25 ms
     warm-up, 100 ms of repetitions); report how its times spread against torch."""
@@ -421,7 +465,7 @@ def recording_sample(op, shape, dtype, count, seed, where, faults, timeout, warm
 
 @recording.command("refine")
 @click.argument("src", type=click.Path(exists=True, dir_okay=False))
-@click.argument("dst", type=click.Path(dir_okay=False))
+@click.argument("dst", type=click.Path(dir_okay=False), callback=paths.output_file)
 @click.option("--top", default=100, show_default=True, type=click.IntRange(1), help="re-time this many of the fastest configs")
 @click.option("--repeats", default=4, show_default=True, type=click.IntRange(1), help="this many more times each")
 @_timing_options
@@ -439,7 +483,7 @@ def recording_refine(src, dst, top, repeats, warmup_ms, rep_ms) -> None:
 
 
 @recording.command("merge")
-@click.argument("out", type=click.Path(dir_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False), callback=paths.output_file)
 @click.argument("parts", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 def recording_merge(out, parts) -> None:
     """Join recordings of parts of one space (one workload, one GPU; each sampled with --where)

@@ -15,13 +15,20 @@ stored. Hosts joining after the start are not used by a run already going.
 from __future__ import annotations
 
 import logging
+import pickle
 import socket
+import struct
+import sys
+import time
+from typing import Any
 
 from tritune.errors import first_line
 from tritune.records.result import Status
 from tritune.tuner.worker.local import WorkerDied
 
 CONNECT_TIMEOUT_S = 30.0  # how long to try reaching a scheduler
+HANDSHAKE_S = 5.0  # the least time a scheduler is given to answer (one answers in milliseconds)
+MAX_MESSAGE_BYTES = 1 << 20  # a scheduler's greeting and identity are under 1 kB; a peer may claim any size
 
 
 class ClusterError(WorkerDied):
@@ -45,14 +52,86 @@ def check_address(address: str) -> tuple[str, int]:
         raise ValueError(f"bad scheduler address {address!r} ({first_line(exc, typed=False)}): expected tcp://HOST:PORT") from None
 
 
-def reachable(address: str) -> None:
-    """Refuse, with one line, a scheduler that cannot be reached, before Dask tries (a Dask client
-    that failed to connect prints tracebacks as it is collected, seconds later)."""
+def reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Refuse, with one line, an address where no Dask scheduler answers within `timeout_s`
+    (connecting, its greeting and its reply to `identity`, all together), before Dask tries: a Dask
+    client waits for ever on a peer that never speaks, allocates whatever size a peer's first bytes
+    claim, and prints tracebacks as it is collected after failing to connect."""
     _quiet()
+    deadline = time.monotonic() + timeout_s
     try:
-        socket.create_connection(check_address(address), timeout=CONNECT_TIMEOUT_S).close()
+        sock = socket.create_connection(check_address(address), timeout=timeout_s)
     except OSError as exc:
         raise ClusterError(f"cannot reach a Dask scheduler at {address}: {exc.strerror or exc}") from None
+    try:
+        if not address.startswith("tls://"):  # TLS takes Dask's security settings: its client checks that peer
+            _handshake(sock, address, deadline)
+    except TimeoutError:
+        raise ClusterError(f"no Dask scheduler answered at {address} within {timeout_s:g} s "
+                           "(something listens there)") from None
+    except OSError as exc:
+        raise ClusterError(f"no Dask scheduler at {address}: {exc.strerror or exc}") from None
+    finally:
+        sock.close()
+
+
+class _NotDask(Exception):
+    """A peer that does not speak Dask's protocol."""
+
+
+def _handshake(sock: socket.socket, address: str, deadline: float) -> None:
+    """Greet the peer as a Dask client does and ask who it is; ClusterError unless a scheduler answers."""
+    ours = {"compression": None, "python": tuple(sys.version_info)[:3], "pickle-protocol": pickle.HIGHEST_PROTOCOL}
+    try:
+        for message in (ours, {"op": "identity", "n_workers": 0, "reply": True, "close": True}):
+            _send(sock, message)
+        greeting = _receive(sock, deadline)
+        if not (isinstance(greeting, dict) and "pickle-protocol" in greeting):
+            raise _NotDask("its greeting is not Dask's")
+        identity = _receive(sock, deadline)
+    except _NotDask as exc:
+        raise ClusterError(f"no Dask scheduler at {address}: {exc}") from None
+    if not (isinstance(identity, dict) and identity.get("type") == "Scheduler"):
+        raise ClusterError(f"no Dask scheduler at {address}: a peer speaking Dask's protocol answered, not as one")
+
+
+def _send(sock: socket.socket, message: dict) -> None:
+    """One message in Dask's TCP framing: its length, the frames' lengths, the frames."""
+    from distributed.protocol import dumps
+    from distributed.protocol.utils import pack_frames
+
+    packed = pack_frames(dumps(message))
+    sock.sendall(struct.pack("<Q", len(packed)) + packed)
+
+
+def _receive(sock: socket.socket, deadline: float) -> Any:
+    """One message in Dask's TCP framing, refusing any that claims more than MAX_MESSAGE_BYTES."""
+    from distributed.protocol import loads
+    from distributed.protocol.utils import unpack_frames
+
+    (size,) = struct.unpack("<Q", _read(sock, 8, deadline))
+    if size > MAX_MESSAGE_BYTES:
+        raise _NotDask(f"its first bytes announce a message of {size} bytes")
+    try:
+        frames = unpack_frames(_read(sock, size, deadline))
+        return loads(frames, deserialize=False)
+    except Exception as exc:  # noqa: BLE001 - whatever the bytes were, they are not a Dask message
+        raise _NotDask(f"it sent no Dask message ({type(exc).__name__})") from None
+
+
+def _read(sock: socket.socket, n: int, deadline: float) -> bytes:
+    """Exactly `n` bytes, by the deadline (TimeoutError), or _NotDask where the peer hangs up first."""
+    data = bytearray()
+    while len(data) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError()
+        sock.settimeout(left)
+        chunk = sock.recv(min(n - len(data), 1 << 16))
+        if not chunk:
+            raise _NotDask("it closed the connection")
+        data += chunk
+    return bytes(data)
 
 
 def _quiet() -> None:

@@ -13,7 +13,7 @@ from tritune.records.result import MeasureResult, Status
 from tritune.schedules.config import Config
 from tritune.tuner.breakdown import Stopwatch
 from tritune.tuner.builder import Builder, BuildResult
-from tritune.tuner.gpus.cluster import CONNECT_TIMEOUT_S, ClusterError, reachable
+from tritune.tuner.gpus.cluster import CONNECT_TIMEOUT_S, HANDSHAKE_S, ClusterError, reachable
 from tritune.tuner.gpus.cluster_host import on_host
 from tritune.tuner.worker.local import DeviceLost, Runners
 from tritune.tuner.worker.protocol import OneRunner
@@ -129,7 +129,7 @@ def connect(address: str, wait_s: float, meanwhile: Callable[[], None] | None = 
     """The cluster at `address` as a group of runners, one per GPU host (only hosts of the first one's
     device key: one GPU model, Triton, torch and tritune), and a pool for the run's own work;
     ClusterError (one line) where there is no scheduler there or no GPU host joins within `wait_s`."""
-    cluster = _Cluster(_client(address))
+    cluster = _Cluster(_client(address, min(CONNECT_TIMEOUT_S, max(wait_s, HANDSHAKE_S))))
     builder = RemoteBuilds(workers=2)
     try:
         if meanwhile is not None:
@@ -142,12 +142,14 @@ def connect(address: str, wait_s: float, meanwhile: Callable[[], None] | None = 
     return Runners(hosts), builder
 
 
-def _client(address: str) -> Any:
+def _client(address: str, timeout_s: float) -> Any:
+    """A Dask client of the scheduler at `address`, once a scheduler has answered there within
+    `timeout_s` (the run's --cluster-wait, at least HANDSHAKE_S)."""
     from distributed import Client
 
-    reachable(address)
+    reachable(address, timeout_s)
     try:
-        return Client(address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
+        return Client(address, timeout=timeout_s, set_as_default=False)
     except (OSError, TimeoutError, ValueError) as exc:
         raise ClusterError(f"cannot reach a Dask scheduler at {address}: {first_line(exc, typed=False)}") from None
 
