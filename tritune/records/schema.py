@@ -38,7 +38,7 @@ CREATE TABLE IF NOT EXISTS verdicts (
 """
 # Whether a whole compiled graph ran faster with its tuned kernels than Inductor without them, in one
 # torch.compile mode (measured by tune-model on the model; `graph` is the backend's signature).
-_GRAPHVERDICTS = """
+GRAPH_VERDICTS = """
 CREATE TABLE IF NOT EXISTS graph_verdicts (
     graph TEXT NOT NULL, device TEXT NOT NULL, mode TEXT NOT NULL, winner TEXT NOT NULL, detail TEXT NOT NULL,
     timestamp REAL NOT NULL, PRIMARY KEY (graph, device, mode))
