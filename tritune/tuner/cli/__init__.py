@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 import sys
 
-EXIT_USAGE, EXIT_NO_GPU = 2, 3
+EXIT_NO_GPU = 3
 EXIT_SIGINT, EXIT_SIGTERM = 130, 143  # 128 + the signal, as shells report them
 STORED = "every measured trial is stored, a rerun resumes"
 
@@ -19,43 +19,17 @@ try:  # Ctrl-C during the imports (the first few tenths of a second) is an inter
 
     import click
 
-    from tritune.kernels.expr import DTYPES, ExprError
+    from tritune.kernels.expr import DTYPES
     from tritune.kernels.faults import FAULTS
-    from tritune.kernels.family import family, ops, parse_expr
+    from tritune.kernels.family import ops
     from tritune.records.database import Database, DatabaseError
     from tritune.search import REGISTRY
     from tritune.settings import SETTINGS
-    from tritune.tuner.cli import paths
+    from tritune.tuner.cli import inputs, paths
+    from tritune.tuner.cli.inputs import EXIT_USAGE, UsageError, cluster_options, make_expr
 except KeyboardInterrupt:
     sys.stderr.write(f"tune-cli: interrupted (SIGINT); {STORED}\n")
     raise SystemExit(EXIT_SIGINT) from None
-
-
-class UsageError(click.ClickException):
-    """Bad input: reported as one line, exit code 2."""
-
-    exit_code = EXIT_USAGE
-
-
-def make_expr(op: str, shape: str, dtype: str, **options: str | None) -> Any:
-    """`parse_expr`, with what the user must fix as one line and exit code 2."""
-    try:
-        return parse_expr(op, shape, dtype, **options)
-    except (ExprError, ValueError) as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _ops_help() -> str:
-    """Each op's --shape format and options, as its family states them."""
-    return "\b\nPer op (--shape and the options it takes):\n" + "\n".join(
-        f"  {op}: {family(op).cli_help}" for op in ops())
-
-
-def _op(op: str | None) -> str | None:
-    """An `--op` filter, checked (an unknown op is one line, exit code 2, as `run` has it)."""
-    if op is not None and op not in ops():
-        raise UsageError(f"unknown op {op!r}; known: {', '.join(ops())}")
-    return op
 
 
 def open_db(path: str | None, must_exist: bool = False) -> Database:
@@ -118,16 +92,7 @@ def cli() -> None:
 db_option = click.option("--db", "db_path", default=None, callback=paths.database, help=f"tuning database [default: $TRITUNE_DB or {SETTINGS.db_path}]")
 
 
-def cluster_options(command: Any) -> Any:
-    """`--cluster ADDRESS` and `--cluster-wait S`, for the commands that tune."""
-    command = click.option("--cluster-wait", default=30.0, show_default=True, type=click.FloatRange(0),
-                           help="with --cluster: seconds to wait for a first GPU host to join")(command)
-    return click.option("--cluster", default=None, metavar="ADDRESS",
-                        help="measure on the GPU hosts of this Dask scheduler (tcp://HOST:8786), each started "
-                             "there with `tune-cli worker --scheduler ADDRESS`, instead of this host's GPUs")(command)
-
-
-@cli.command(epilog=_ops_help())
+@cli.command(epilog=inputs.ops_help())
 @click.option("--op", default="matmul", show_default=True, help=f"operator: {', '.join(ops())}")
 @click.option("--shape", required=True, help="the workload's sizes, in the op's format (listed below)")
 @click.option("--dtype", default="fp16", show_default=True, help=f"one of {', '.join(DTYPES)}")
@@ -164,10 +129,9 @@ def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, acti
 
     expr = make_expr(op, shape, dtype, layout=layout, epilogue=epilogue, stride=stride, padding=padding,
                      dilation=dilation, eps=eps, activation=activation)
-    if strategy not in REGISTRY:
-        raise UsageError(f"unknown strategy {strategy!r}; known: {', '.join(sorted(REGISTRY))}")
+    inputs.known_strategy(strategy)
     options = TuneOptions(trials, strategy, seed, batch_size, early_stop, timeout, workers, tuple(faults), prior, verbose,
-                          *_where(devices, cluster, cluster_wait))
+                          *inputs.where(devices, cluster, cluster_wait))
     with tuning(db_path, options) as (gpu, db):
         summary = tune(expr, db, options, gpu, report=Terminal())
     if summary_json:
@@ -197,15 +161,14 @@ def tune_model(model_spec, input_shapes, dtype, trials, strategy, seed, summary_
     from tritune.tuner.gpus.start import TuneOptions
     from tritune.tuner.model.plan import tune_planned
 
-    if strategy not in REGISTRY:
-        raise UsageError(f"unknown strategy {strategy!r}; known: {', '.join(sorted(REGISTRY))}")
+    inputs.known_strategy(strategy)
     if dry_run:
-        display.out.print(display.plan_table(_planned(model_spec, input_shapes, dtype, trials)))
+        display.out.print(display.plan_table(inputs.planned(model_spec, input_shapes, dtype, trials)))
         return
-    where = _where(devices, cluster, cluster_wait)
+    where = inputs.where(devices, cluster, cluster_wait)
     options = TuneOptions(strategy=strategy, seed=seed, devices=where[0], cluster=where[1], cluster_wait_s=where[2])
     planned: list = []
-    capture = lambda: planned.extend(_planned(model_spec, input_shapes, dtype, trials))  # noqa: E731
+    capture = lambda: planned.extend(inputs.planned(model_spec, input_shapes, dtype, trials))  # noqa: E731
     with tuning(db_path, options, capture) as (gpu, db):  # the model is captured while the GPU worker starts
         display.out.print(display.plan_table(planned))
         summaries = tune_planned(planned, db, options, gpu, display.Terminal(), _announce)
@@ -216,48 +179,6 @@ def tune_model(model_spec, input_shapes, dtype, trials, strategy, seed, summary_
     checks = _check_model(model_spec, input_shapes, dtype, path) if check and not cluster else []
     if summary_json:
         Path(summary_json).write_text(json.dumps({"tasks": summaries, "model_check": checks}, indent=2))
-
-
-def _devices(text: str | None) -> Any:
-    """`--devices` parsed (a bad value is one line, exit code 2)."""
-    from tritune.tuner.gpus.start import parse_devices
-
-    try:
-        return parse_devices(text)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _where(devices: str | None, cluster: str | None, wait_s: float) -> tuple[Any, str | None, float]:
-    """Where to measure: this host's `--devices`, or the `--cluster`'s hosts (a bad address, or both
-    asked for, is one line, exit code 2)."""
-    if cluster is None:
-        return _devices(devices), None, wait_s
-    if devices is not None:
-        raise UsageError("--devices picks this host's GPUs; a cluster's hosts pick theirs (tune-cli worker --devices)")
-    return None, _address(cluster), wait_s
-
-
-def _address(text: str) -> str:
-    """A Dask scheduler's address, checked (a bad one is one line, exit code 2)."""
-    from tritune.tuner.gpus.cluster import check_address
-
-    try:
-        check_address(text)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    return text
-
-
-def _planned(model_spec: str, input_shapes: tuple[str, ...], dtype: str, trials: int) -> list:
-    """The model's tasks and their trials; anything the user must fix is one line, exit code 2."""
-    from tritune.tuner.model.load import ModelError, model_tasks
-    from tritune.tuner.model.plan import plan
-
-    try:
-        return plan(model_tasks(model_spec, input_shapes, dtype), trials)
-    except ModelError as exc:
-        raise UsageError(str(exc)) from None
 
 
 def _announce(i: int, n: int, planned: Any, trials: int) -> None:
@@ -296,9 +217,9 @@ def worker(scheduler, devices, name, timeout, workers) -> None:
     from tritune.tuner.gpus.start import start_gpu
     from tritune.tuner.worker.local import WorkerDied
 
-    start = partial(start_gpu, timeout_s=timeout, workers=workers, devices=_devices(devices))
+    start = partial(start_gpu, timeout_s=timeout, workers=workers, devices=inputs.devices(devices))
     try:
-        serve(_address(scheduler), start, name, lambda line: click.echo(line, err=True))
+        serve(inputs.address(scheduler), start, name, lambda line: click.echo(line, err=True))
     except WorkerDied as exc:  # no GPU here, or no scheduler there
         click.echo(f"tune-cli: {exc}", err=True)
         sys.exit(EXIT_NO_GPU)
@@ -311,7 +232,7 @@ def best(op, db_path) -> None:
     """List the best stored config of every workload and device."""
     from tritune.tuner.cli.display import best_table, out
 
-    op = _op(op)
+    op = inputs.known_op(op)
     with reading(db_path) as db:
         out.print(best_table(db.best_rows(op)))
 
@@ -366,7 +287,7 @@ def report(op, out_dir, min_trials, folds, db_path) -> None:
     from tritune.cost_model import report as rep
     from tritune.tuner.cli.display import out
 
-    op = _op(op)
+    op = inputs.known_op(op)
     with reading(db_path) as db:
         try:
             result, sets, scores = rep.build(db, op, min_trials, folds)
@@ -431,7 +352,7 @@ def _timing_options(command: Any) -> Any:
     return click.option("--warmup-ms", type=click.FloatRange(0), help="warm-up per measurement, ms")(command)
 
 
-@recording.command("sample", epilog=_ops_help())
+@recording.command("sample", epilog=inputs.ops_help())
 @click.option("--op", default="matmul", show_default=True, help=f"operator: {', '.join(ops())}")
 @click.option("--shape", default="4096", show_default=True, help="the workload's sizes, in the op's format (listed below)")
 @click.option("--dtype", default="fp16", show_default=True, help=f"one of {', '.join(DTYPES)}")

@@ -1,0 +1,98 @@
+"""What the user typed, checked before any work starts: each thing to fix is a UsageError, one line
+and exit code 2 (the paths are checked as click parses them: `cli.paths`)."""
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from tritune.kernels.expr import ExprError
+from tritune.kernels.family import family, ops, parse_expr
+from tritune.search import REGISTRY
+
+EXIT_USAGE = 2
+
+
+class UsageError(click.ClickException):
+    """Bad input: reported as one line, exit code 2."""
+
+    exit_code = EXIT_USAGE
+
+
+def make_expr(op: str, shape: str, dtype: str, **options: str | None) -> Any:
+    """`parse_expr`, with what the user must fix as one line and exit code 2."""
+    try:
+        return parse_expr(op, shape, dtype, **options)
+    except (ExprError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def ops_help() -> str:
+    """Each op's --shape format and options, as its family states them."""
+    return "\b\nPer op (--shape and the options it takes):\n" + "\n".join(
+        f"  {op}: {family(op).cli_help}" for op in ops())
+
+
+def known_op(op: str | None) -> str | None:
+    """An `--op` filter, checked (an unknown op is one line, exit code 2, as `run` has it)."""
+    if op is not None and op not in ops():
+        raise UsageError(f"unknown op {op!r}; known: {', '.join(ops())}")
+    return op
+
+
+def known_strategy(strategy: str) -> str:
+    """A `--strategy`, checked."""
+    if strategy not in REGISTRY:
+        raise UsageError(f"unknown strategy {strategy!r}; known: {', '.join(sorted(REGISTRY))}")
+    return strategy
+
+
+def cluster_options(command: Any) -> Any:
+    """`--cluster ADDRESS` and `--cluster-wait S`, for the commands that tune."""
+    command = click.option("--cluster-wait", default=30.0, show_default=True, type=click.FloatRange(0),
+                           help="with --cluster: seconds to wait for a first GPU host to join")(command)
+    return click.option("--cluster", default=None, metavar="ADDRESS",
+                        help="measure on the GPU hosts of this Dask scheduler (tcp://HOST:8786), each started "
+                             "there with `tune-cli worker --scheduler ADDRESS`, instead of this host's GPUs")(command)
+
+
+def devices(text: str | None) -> Any:
+    """`--devices` parsed (a bad value is one line, exit code 2)."""
+    from tritune.tuner.gpus.start import parse_devices
+
+    try:
+        return parse_devices(text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def where(devices_text: str | None, cluster: str | None, wait_s: float) -> tuple[Any, str | None, float]:
+    """Where to measure: this host's `--devices`, or the `--cluster`'s hosts (a bad address, or both
+    asked for, is one line, exit code 2)."""
+    if cluster is None:
+        return devices(devices_text), None, wait_s
+    if devices_text is not None:
+        raise UsageError("--devices picks this host's GPUs; a cluster's hosts pick theirs (tune-cli worker --devices)")
+    return None, address(cluster), wait_s
+
+
+def address(text: str) -> str:
+    """A Dask scheduler's address, checked (a bad one is one line, exit code 2)."""
+    from tritune.tuner.gpus.cluster import check_address
+
+    try:
+        check_address(text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return text
+
+
+def planned(model_spec: str, input_shapes: tuple[str, ...], dtype: str, trials: int) -> list:
+    """A model's tasks and their trials; anything the user must fix is one line, exit code 2."""
+    from tritune.tuner.model.load import ModelError, model_tasks
+    from tritune.tuner.model.plan import plan
+
+    try:
+        return plan(model_tasks(model_spec, input_shapes, dtype), trials)
+    except ModelError as exc:
+        raise UsageError(str(exc)) from None
