@@ -266,15 +266,18 @@ def test_a_banner_server_ends_the_process_with_one_line(listeners, tmp_path):
     assert proc.returncode == 3 and "its first bytes announce" in one_line(proc.stderr)
 
 
-def test_ctrl_c_while_the_cli_imports_is_one_line(tmp_path):
+@pytest.mark.parametrize("start", [
+    "runpy.run_module('tritune', run_name='__main__')",  # python -m tritune
+    "from tritune.__main__ import main; sys.exit(main())",  # the tune-cli script (pyproject's entry point)
+])
+def test_ctrl_c_while_the_cli_imports_is_one_line(tmp_path, start):
     # the interruption lands deterministically: importing click raises KeyboardInterrupt
     code = ("import sys, runpy\n"
             "class Interrupt:\n"
             "    def find_spec(self, name, path=None, target=None):\n"
             "        if name == 'click':\n"
             "            raise KeyboardInterrupt\n"
-            "sys.meta_path.insert(0, Interrupt())\n"
-            "runpy.run_module('tritune', run_name='__main__')\n")
+            "sys.meta_path.insert(0, Interrupt())\n" + start + "\n")
     proc = subprocess.run([sys.executable, "-c", code, "best"], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "TRITUNE_DB": str(tmp_path / "t.db")})
     assert proc.returncode == 130 and "interrupted (SIGINT)" in one_line(proc.stderr)

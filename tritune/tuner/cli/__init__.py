@@ -3,33 +3,28 @@ model checked), `worker` (a GPU host of a cluster), `best`, `export`, `import` a
 input gets one line on stderr and exit code 2; no GPU, exit code 3."""
 from __future__ import annotations
 
+import json
 import signal
 import sys
+import warnings
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import click
+
+from tritune.kernels.expr import DTYPES
+from tritune.kernels.faults import FAULTS
+from tritune.kernels.family import ops
+from tritune.records.database import Database, DatabaseError
+from tritune.search import REGISTRY
+from tritune.settings import SETTINGS
+from tritune.tuner.cli import inputs, paths
+from tritune.tuner.cli.inputs import EXIT_USAGE, UsageError, cluster_options, make_expr
 
 EXIT_NO_GPU = 3
 EXIT_SIGINT, EXIT_SIGTERM = 130, 143  # 128 + the signal, as shells report them
 STORED = "every measured trial is stored, a rerun resumes"
-
-try:  # Ctrl-C during the imports (the first few tenths of a second) is an interruption like any other
-    import json
-    import warnings
-    from contextlib import ExitStack, contextmanager
-    from pathlib import Path
-    from typing import Any, Iterator
-
-    import click
-
-    from tritune.kernels.expr import DTYPES
-    from tritune.kernels.faults import FAULTS
-    from tritune.kernels.family import ops
-    from tritune.records.database import Database, DatabaseError
-    from tritune.search import REGISTRY
-    from tritune.settings import SETTINGS
-    from tritune.tuner.cli import inputs, paths
-    from tritune.tuner.cli.inputs import EXIT_USAGE, UsageError, cluster_options, make_expr
-except KeyboardInterrupt:
-    sys.stderr.write(f"tune-cli: interrupted (SIGINT); {STORED}\n")
-    raise SystemExit(EXIT_SIGINT) from None
 
 
 def open_db(path: str | None, must_exist: bool = False) -> Database:
