@@ -2,8 +2,7 @@
 zeros, which leaves L2 full of dirty lines whose write-back can overlap the timed kernel; a flush
 by reading leaves clean lines. Times one config and torch both ways, in one run.
 
-The write flush is `tritune.tuner.timing`'s; the read flush is this probe's own loop of CUDA events
-(timing.py offers no other flush than its own: that is the question asked here).
+Both are timed by `tritune.tuner.timing.timed_runs`: its own write flush, and a read flush passed to it.
 
 Usage: python -m scripts.probes.l2_flush_probe --shape 16,4096,4096 --config '{"BLOCK_M": 16, ...}'
 """
@@ -17,23 +16,14 @@ import torch
 
 from tritune.kernels.family import family, parse_expr
 from tritune.schedules.config import Config
-from tritune.tuner.timing import COMPARE, time_fn, warm_up
+from tritune.tuner.timing import COMPARE, time_fn, timed_runs, warm_up
 
 
 def read_flush_median(fn, reps: int = 200) -> float:
     """Median ms of fn, each run preceded by reading (not writing) a 256 MB buffer."""
     buf = torch.ones(64 * 2**20, dtype=torch.float32, device="cuda")
     warm_up(fn, COMPARE)
-    times = []
-    for _ in range(reps):
-        buf.sum()  # reads 256 MB: L2 ends up holding clean lines of buf
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(timed_runs(fn, reps, flush=buf.sum))  # reads 256 MB: L2 holds clean lines of buf
 
 
 def main() -> None:

@@ -79,14 +79,14 @@ def warm_up(fn: Callable[[], Any], timing: Timing) -> None:
         fn()
 
 
-def timed_runs(fn: Callable[[], Any], runs: int) -> list[float]:
-    """ms of each of `runs` runs, each after an L2 flush, by CUDA events."""
+def timed_runs(fn: Callable[[], Any], runs: int, flush: Callable[[], Any] | None = None) -> list[float]:
+    """ms of each of `runs` runs, each after an L2 flush (`flush`, else zeroing 256 MB), by CUDA events."""
     import torch
 
-    flush = _flush_buffer()
+    flush = flush or _flush_buffer().zero_
     pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(runs)]
     for start, end in pairs:
-        flush.zero_()
+        flush()
         start.record()
         fn()
         end.record()
