@@ -5,7 +5,13 @@ benchmarks. Each model takes embeddings [batch, tokens, hidden] in the model's d
 
 - `llama`: decoder with gated MLP (SiLU) and grouped-query attention, no biases, LM head;
 - `gpt2`: decoder with biases and GELU written as pointwise ops (`gelu_new`), LM head;
+- `qwen2`: decoder as `llama`, with q/k/v biases and a 151936-word LM head tied to the embeddings;
+- `neox`: GPT-NeoX decoder with a parallel residual (x + attn(ln1(x)) + mlp(ln2(x))), one fused
+  q/k/v projection, biases, GELU (erf), LayerNorm, partial rotary embeddings, LM head;
 - `bert`: encoder with biases and GELU.
+
+`weight_bytes(model)` is what one decode step must read of the weights: the floor of a decode
+step's time is that over the device's memory bandwidth.
 
     tune-cli tune-model --model tritune/tuner/model/zoo.py:llama --input-shape 1,2048,2048 --trials 192
 """
@@ -48,6 +54,28 @@ def gpt2(hidden: int = 1024, layers: int = LAYERS) -> nn.Module:
     return FromEmbeddings(GPT2LMHeadModel(config))
 
 
+def qwen2(hidden: int = 2048, layers: int = LAYERS) -> nn.Module:
+    """A Qwen2-style decoder: `llama`'s shape with q/k/v biases; a 151936-word head tied to the
+    embeddings (as the Qwen2 models of this width tie theirs)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(hidden_size=hidden, intermediate_size=hidden * 11 // 4, num_hidden_layers=layers,
+                         num_attention_heads=16, num_key_value_heads=4, vocab_size=151936,
+                         max_position_embeddings=4096, tie_word_embeddings=True, attn_implementation="sdpa")
+    return FromEmbeddings(Qwen2ForCausalLM(config))
+
+
+def neox(hidden: int = 1024, layers: int = LAYERS) -> nn.Module:
+    """A GPT-NeoX-style decoder: attention and MLP read the same input (parallel residual), one
+    q/k/v projection, biases, GELU, LayerNorm, rotary embeddings on a quarter of each head, 50432-word head."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    config = GPTNeoXConfig(hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
+                           num_attention_heads=16, vocab_size=50432, max_position_embeddings=4096,
+                           use_parallel_residual=True, tie_word_embeddings=False, attn_implementation="sdpa")
+    return FromEmbeddings(GPTNeoXForCausalLM(config))
+
+
 def bert(hidden: int = 1024, layers: int = LAYERS) -> nn.Module:
     """A BERT-style encoder: biases, GELU, no head."""
     from transformers import BertConfig, BertModel
@@ -55,3 +83,13 @@ def bert(hidden: int = 1024, layers: int = LAYERS) -> nn.Module:
     config = BertConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=16,
                         intermediate_size=4 * hidden, max_position_embeddings=4096, attn_implementation="sdpa")
     return FromEmbeddings(BertModel(config, add_pooling_layer=False))
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the weights one decode step reads, each once: every parameter of a module other than
+    an embedding table, a tied one (an LM head sharing the token embeddings) counted once. Embedding
+    tables alone are left out: `FromEmbeddings` feeds embeddings, so the token table is not read, and
+    of a position (or token-type) table a step reads one row per token. Buffers (rotary frequencies)
+    are not weights."""
+    read = {id(p): p for m in model.modules() if not isinstance(m, nn.Embedding) for p in m.parameters(recurse=False)}
+    return sum(p.numel() * p.element_size() for p in read.values())
