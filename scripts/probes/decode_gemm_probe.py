@@ -1,0 +1,136 @@
+"""How close decode's weight-streaming GEMMs come to the memory bandwidth: for each skinny
+workload, a seeded sample of the contraction template's space is built in the compile pool, checked
+against float64 and timed as the tuner's worker times it (CUDA-graph replays of calls back to back
+over operand sets spanning 3x the L2: L2 cold), then the fastest against the library and
+torch.compile (`head_to_head`). Beside it, the read ceiling: a kernel that only reads a buffer of
+the weight's size, timed the same way, i.e. what any kernel of that size can reach.
+
+    python -m scripts.probes.decode_gemm_probe --shape 16,2048,5632 --configs 160 --out DIR
+
+Prints, per workload, the best % of the measured copy bandwidth and the best per value of each
+knob; writes DIR/decode_gemm_probe.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from tritune.kernels.device import device_info
+from tritune.kernels.family import parse_expr
+from tritune.records.result import Status
+from tritune.tuner.builder import Builder
+from tritune.tuner.task import device_limits, device_target, device_task
+from tritune.tuner.timing import (
+    Timing,
+    copy_bandwidth_gbps,
+    graph_median_ms,
+    operand_sets,
+)
+from tritune.tuner.worker.candidate import head_to_head, measure_candidate
+
+READ_SOURCE = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def read_all(X, OUT, n, BLOCK: tl.constexpr, PER: tl.constexpr):
+    pid = tl.program_id(0)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for i in tl.range(0, PER, num_stages=4):
+        offs = (pid * PER + i).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        acc += tl.load(X + offs, mask=offs < n, other=0.0).to(tl.float32)
+    tl.store(OUT + pid, tl.sum(acc))
+'''
+
+
+def read_ceiling_ms(nbytes: int) -> float:
+    """Median ms of the fastest of a few read-only kernels over `nbytes` of fp16 (graph-timed, L2 cold)."""
+    import importlib.util
+    import sys
+    import tempfile
+
+    import torch
+
+    path = Path(tempfile.mkdtemp()) / "read_all.py"
+    path.write_text(READ_SOURCE)
+    spec = importlib.util.spec_from_file_location("read_all", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["read_all"] = mod
+    spec.loader.exec_module(mod)
+    n = nbytes // 2
+    sets = operand_sets(lambda i: torch.randn(n, device="cuda", dtype=torch.float16), nbytes)
+    best = float("inf")
+    for block in (1024, 2048, 4096):
+        for programs in (132, 264, 528, 1056):
+            per = -(-n // (block * programs))
+            out = torch.empty(programs, device="cuda")
+            calls = [lambda x=x, o=out, p=programs, b=block, q=per: mod.read_all[(p,)](x, o, n, BLOCK=b, PER=q, num_warps=8)
+                     for x in sets]
+            best = min(best, graph_median_ms(Timing())(calls))
+    return best
+
+
+def probe(shape: str, dtype: str, configs: int, builder: Builder, info: dict) -> dict:
+    expr = parse_expr("matmul", shape, dtype)
+    task = device_task(expr, info)
+    sample = task.space.sample(np.random.default_rng(0), configs)
+    futures = builder.submit(expr, task.family.canonical_problem(expr), sample)
+    rows = []
+    for config, future in zip(sample, futures):
+        built = builder.result(future, config)
+        if built.status is not None:
+            continue
+        got = measure_candidate(expr, built.config, 0, Timing())
+        if got["status"] == Status.OK:
+            rows.append((built.config, got["times"][2]))
+    rows.sort(key=lambda r: r[1])
+    weight = expr.n * expr.k * 2
+    moved = weight + (expr.m * expr.k + expr.m * expr.n) * 2
+    gbps = copy_bandwidth_gbps()
+    pct = lambda ms: 100 * moved / (ms * 1e-3) / 1e9 / gbps
+    by_knob: dict = defaultdict(dict)
+    for config, ms in rows:
+        for knob, value in config.items():
+            by_knob[knob].setdefault(str(value), round(pct(ms), 1))
+    h2h = head_to_head(expr, rows[0][0], 0)
+    read_ms = read_ceiling_ms(weight)
+    return {"shape": shape, "weight_mb": weight / 1e6, "built_ok": len(rows), "best_ms": rows[0][1],
+            "best_pct": pct(rows[0][1]), "best": dict(rows[0][0]), "top5": [(dict(c), ms) for c, ms in rows[:5]], "by_knob": by_knob,
+            "head_to_head": h2h, "read_ceiling_ms": read_ms, "read_ceiling_pct": pct(read_ms)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--shape", action="append", required=True)
+    p.add_argument("--dtype", default="fp16")
+    p.add_argument("--configs", type=int, default=160)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    info = device_info()
+    builder = Builder(device_target(info), device_limits(info).shared_bytes)
+    results = []
+    try:
+        for shape in args.shape:
+            r = probe(shape, args.dtype, args.configs, builder, info)
+            results.append(r)
+            h = r["head_to_head"]
+            alts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in h["alternatives"].items())
+            print(f"{shape}: {r['weight_mb']:.1f} MB, {r['built_ok']} ok; best {r['best_ms'] * 1e3:.1f} us "
+                  f"({r['best_pct']:.0f}% copy BW); head-to-head ours {h['ours_ms'] * 1e3:.1f} us vs {alts}; "
+                  f"read ceiling {r['read_ceiling_ms'] * 1e3:.1f} us ({r['read_ceiling_pct']:.0f}%)", flush=True)
+            print("   best:", r["best"], "\n   by knob:", json.dumps(r["by_knob"]), flush=True)
+    finally:
+        builder.close()
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "decode_gemm_probe.json").write_text(json.dumps({"gpu": info["gpu"], "copy_gbps": copy_bandwidth_gbps(),
+                                                                "results": results}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Does programmatic dependent launch hide a weight-streaming kernel's ramp-up inside a CUDA graph?
+A chain of skinny GEMMs y_i = x_{i-1} @ W_iᵀ (each reads the previous one's output, as a decode
+step's projections do) over distinct weights spanning 2x the L2, captured in one graph, timed by
+replays: plain launches against launches with the programmatic-dependence attribute, where each
+kernel prefetches its weight slice into L2, waits for the previous kernel (`gdc_wait`) and lets the
+next one start (`gdc_launch_dependents`). Also reports whether torch's Inductor has `enable_pdl`.
+
+    python -m scripts.probes.pdl_probe
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+import tempfile
+from pathlib import Path
+
+SOURCE = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def chain_gemm(X, W, Y, M, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
+               PDL: tl.constexpr):
+    pid = tl.program_id(0)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    if PREFETCH:
+        # one 128-byte line per pointer: the program's whole weight slice into L2
+        lines = tl.arange(0, BLOCK_N)[:, None] * K + tl.arange(0, 4096 // 64)[None, :] * 64
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [W + pid * BLOCK_N * K + lines],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    rm = tl.arange(0, 16)
+    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    for k in tl.range(0, K, BLOCK_K, num_stages=4):
+        rk = k + tl.arange(0, BLOCK_K)
+        a = tl.load(X + rm[:, None] * K + rk[None, :], mask=rm[:, None] < M, other=0.0)
+        b = tl.load(W + rn[None, :] * K + rk[:, None])
+        acc = tl.dot(a, b, acc)
+    tl.store(Y + rm[:, None] * N + rn[None, :], acc.to(Y.dtype.element_ty), mask=rm[:, None] < M)
+'''
+
+
+def _module():
+    path = Path(tempfile.mkdtemp()) / "chain_gemm.py"
+    path.write_text(SOURCE)
+    spec = importlib.util.spec_from_file_location("chain_gemm", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["chain_gemm"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main() -> None:
+    import torch
+    import torch._inductor.config as ic
+
+    from tritune.tuner.timing import (
+        Timing,
+        _replays,  # a probe reads the replay timer directly
+        capture,
+        copy_bandwidth_gbps,
+        warm_up,
+    )
+    print("inductor enable_pdl:", getattr(ic.triton, "enable_pdl", "absent"), "torch", torch.__version__)
+    mod = _module()
+    gbps = copy_bandwidth_gbps()
+    for m, d in ((16, 2048), (1, 2048), (16, 4096)):
+        l2 = torch.cuda.get_device_properties(0).L2_cache_size
+        layers = max(8, 2 * l2 // (d * d * 2))
+        ws = [torch.randn(d, d, device="cuda", dtype=torch.float16) / d**0.5 for _ in range(layers)]
+        xs = [torch.randn(m, d, device="cuda", dtype=torch.float16) for _ in range(layers + 1)]
+        ref = xs[0]
+        for w in ws:
+            ref = (ref.float() @ w.float().t()).half()
+        floor_us = layers * d * d * 2 / gbps / 1e3
+        for block_n in (16, 32):
+            for prefetch, pdl in ((0, 0), (0, 1), (1, 1)):
+                def step(bn=block_n, pf=prefetch, p=pdl, ws=ws, xs=xs, m=m, d=d):
+                    for i, w in enumerate(ws):
+                        mod.chain_gemm[(d // bn,)](xs[i], w, xs[i + 1], m, d, d, BLOCK_N=bn, BLOCK_K=128,
+                                                   PREFETCH=pf, PDL=p, num_warps=4, launch_pdl=bool(p))
+                try:
+                    graph = capture([step], 4)
+                    warm_up(graph.replay, Timing())
+                    ms = sorted(_replays(graph, 50))[25] / 4
+                    err = float((xs[-1].float() - ref.float()).norm() / ref.float().norm())
+                    print(f"M={m} d={d} x{layers} BLOCK_N={block_n} prefetch={prefetch} pdl={pdl}: "
+                          f"{ms * 1e3 / layers:.2f} us/layer, floor {floor_us / layers:.2f}, "
+                          f"{floor_us / (ms * 1e3):.0%} of copy BW; rel err {err:.1e}", flush=True)
+                except Exception as exc:  # noqa: BLE001 - a probe reports what does not run
+                    print(f"M={m} d={d} BLOCK_N={block_n} prefetch={prefetch} pdl={pdl}: FAILED {exc!r}"[:300])
+
+
+def inductor_pdl() -> None:
+    """Inductor reduce-overhead on the zoo llama at decode (batch 16), its PDL codegen off and on:
+    wall ms per step (calls back to back) and profiler GPU ms."""
+    import torch
+    import torch._inductor.config as ic
+
+    from tritune.tuner.model.zoo import llama
+    from tritune.tuner.timing import gpu_ms_per_call, in_turns, per_call_ms, step_caller
+
+    model = llama().cuda().half().eval()
+    x = torch.randn(16, 1, 2048, device="cuda", dtype=torch.float16)
+    fns = {}
+    for pdl in (False, True):
+        torch._dynamo.reset()
+        with ic.patch({"triton.enable_pdl": pdl}), torch.no_grad():
+            compiled = torch.compile(model, mode="reduce-overhead")
+            fn = step_caller(compiled, [x], True)
+            for _ in range(3):
+                fn()
+        fns[f"pdl={pdl}"] = fn
+    with torch.no_grad():
+        times = in_turns(fns, per_call_ms, 20)
+        for name, fn in fns.items():
+            print(f"llama decode 16, Inductor reduce-overhead {name}: wall {sorted(times[name])[10]:.4f} ms, "
+                  f"GPU {gpu_ms_per_call(fn):.4f} ms", flush=True)
+
+
+if __name__ == "__main__":
+    main()
+    if "--model" in sys.argv:
+        inductor_pdl()
