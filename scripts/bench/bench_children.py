@@ -4,7 +4,8 @@
 - compile: one variant from empty caches: seconds from torch.compile to the end of the first call;
 - latency: every variant, timed in turns with eager, --rounds rounds;
 - overhead: µs per call of a 64x64x64 matmul, replayed by tritune and as Inductor's Triton template;
-- profile: every variant under torch's profiler: kernels and GPU µs per call, the costliest kernels.
+- profile: every variant under torch's profiler: kernels and GPU µs per call, the costliest kernels;
+  the bytes of the weights one step reads (`zoo.weight_bytes`) and the device's copy bandwidth.
 
 Besides torch.compile's modes and tritune's backend, diagnostics: "route" and "route-ro" take
 tritune's path into Inductor (the graph retraced to ATen, Dynamo's input facts kept) with nothing
@@ -27,11 +28,17 @@ from tritune.tuner.model.check import outputs_rel_error
 from tritune.tuner.model.load import build
 from tritune.tuner.timing import in_turns, per_call_ms, step_caller
 
-SHAPES = {"prefill": (1, 2048), "decode": (16, 1)}  # (batch, tokens)
+SHAPES = {"prefill": (1, 2048), "decode": (16, 1), "decode1": (1, 1)}  # (batch, tokens)
+VARIANTS = ("default", "max-autotune", "reduce-overhead", "tritune", "tritune-ro", "route", "route-ro", "sites", "sites-ro")
 CUDA_GRAPHS = ("reduce-overhead", "tritune-ro", "route-ro", "sites-ro")
 # overhead: each round times ~0.15 s of calls back to back (about 2000 calls of a compiled 64x64x64
 # matmul, ~70 µs each on an H100)
 OVERHEAD_BUDGET_S, OVERHEAD_ROUNDS = 0.15, 15
+
+
+def is_decode(shape: str) -> bool:
+    """Whether a shape of SHAPES is a decode step (one token per sequence)."""
+    return SHAPES[shape][1] == 1
 
 
 def hidden_of(args: argparse.Namespace, model: str) -> int:
@@ -134,7 +141,7 @@ def child_latency(args: argparse.Namespace) -> dict:
                 y = fns[variant]()
             result["variants"][variant] = {"rel_err": outputs_rel_error(y, ref),
                                            "sites": backend.sites if backend else None}
-        except Exception as exc:  # one variant that fails must not cost the others
+        except Exception as exc:  # noqa: BLE001 - one variant that fails must not cost the others
             fns.pop(variant, None)
             result["variants"][variant] = {"error": first_line(exc)}
     def record(times: dict[str, list[float]]) -> None:
@@ -181,7 +188,7 @@ def child_overhead(args: argparse.Namespace) -> dict:
         try:
             fns[name] = torch.compile(fn, fullgraph=True, **how)
             y, code = first_call_code(fns[name], a, w)
-        except Exception as exc:  # e.g. an option this torch does not know: time the other side alone
+        except Exception as exc:  # noqa: BLE001 - e.g. an option this torch does not know: time the other side alone
             result[f"{name}_error"] = first_line(exc)
             fns.pop(name, None)
             continue
@@ -227,12 +234,18 @@ def tuned_db(a, w, path: Path) -> Path:
 
 def child_profile(args: argparse.Namespace, calls: int = 20, top: int = 8) -> dict:
     """Each variant after warm-up, `calls` calls under torch's profiler: GPU kernels and µs per call,
-    and its `top` costliest kernels (name, µs per call, launches per call)."""
+    and its `top` costliest kernels (name, µs per call, launches per call); the weights one step
+    reads and the device's copy bandwidth (the decode floor is their ratio)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from tritune.tuner.timing import copy_bandwidth_gbps
+
     model, x = model_and_input(args)
-    result: dict = {}
+    result: dict = {"weight_bytes": zoo.weight_bytes(model), "copy_gbps": None}
+    if args.device.startswith("cuda"):
+        result["copy_gbps"] = copy_bandwidth_gbps()
+        torch.cuda.empty_cache()  # the copy's 2 GiB back to the device, before CUDA graphs take their pools
     for variant in args.variants:
         try:
             compiled, _ = compile_variant(model, variant, args.db)
@@ -244,7 +257,7 @@ def child_profile(args: argparse.Namespace, calls: int = 20, top: int = 8) -> di
                 for _ in range(calls):
                     fn()
                 sync(args.device)
-        except Exception as exc:  # one variant that fails must not cost the others
+        except Exception as exc:  # noqa: BLE001 - one variant that fails must not cost the others
             result[variant] = {"error": first_line(exc)}
             continue
         kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]

@@ -1,9 +1,11 @@
 """Never slower than torch.compile: the zoo's architectures (tritune/tuner/model/zoo.py, random weights) at a
-prefill shape (1, 2048, hidden) and a decode shape (16, 1, hidden); Inductor's default,
-max-autotune and reduce-overhead against tritune's backend, alone and over CUDA graphs.
+prefill shape (1, 2048, hidden) and two decode shapes, 16 sequences (`decode`: 16, 1, hidden) and one
+(`decode1`: 1, 1, hidden); Inductor's default, max-autotune and reduce-overhead against tritune's
+backend, alone and over CUDA graphs.
 
-    python -m scripts.bench.model_bench --out DIR [--models llama,gpt2,bert] [--shapes prefill,decode]
-            [--phases tune,compile,latency,overhead] [--db PATH] [--dtype fp16] [--rounds 40]
+    python -m scripts.bench.model_bench --out DIR [--models llama,gpt2,qwen2,neox,bert]
+            [--shapes prefill,decode,decode1] [--phases tune,compile,latency,overhead,profile]
+            [--db PATH] [--dtype fp16] [--rounds 40]
             [--variants LIST] [--device cuda] [--hidden N] [--child-timeout 300] [--pack FILE.tar.gz]
 
 Variants: default, max-autotune, reduce-overhead (torch.compile's modes), tritune
@@ -24,9 +26,13 @@ Each phase runs on its own and merges its results into DIR/model_bench.json:
 - overhead: µs per call of a 64x64x64 matmul replayed by tritune and as Inductor's own Triton
   template (15 rounds in turns, each ~0.15 s of calls back to back; medians);
 - profile: a subprocess per model and shape runs each variant 20 times under torch's profiler:
-  GPU µs and kernels per call, and the costliest kernels.
+  GPU µs and kernels per call, and the costliest kernels; it also records the bytes of the weights
+  one step reads (`zoo.weight_bytes`), the device's copy bandwidth (`timing.copy_bandwidth_gbps`,
+  measured there) and their ratio, the floor of a decode step (`floor_us`).
 
-The final table comes last. Without a GPU (and --device cuda): one line on stderr, exit code 3.
+The final table comes last (scripts/bench/model_table.py): at decode it gives each variant's GPU
+time per step as a multiple of the floor, and the ratios' geometric mean over the decode rows.
+Without a GPU (and --device cuda): one line on stderr, exit code 3.
 What the subprocesses run is in scripts/bench/bench_children.py.
 """
 from __future__ import annotations
@@ -42,22 +48,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 
-from scripts.bench.bench_children import SHAPES, hidden_of
+from scripts.bench.bench_children import SHAPES, VARIANTS, hidden_of, is_decode
+from scripts.bench.model_table import counts, floor_us, overhead_line, report
 from tritune.tuner.timing import paired_ratio
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: the children run there
-MODELS = ("llama", "gpt2", "bert")
-VARIANTS = ("default", "max-autotune", "reduce-overhead", "tritune", "tritune-ro", "route", "route-ro", "sites", "sites-ro")
+MODELS = ("llama", "gpt2", "qwen2", "neox", "bert")
 LATENCY_VARIANTS = {"prefill": VARIANTS[:5], "decode": ("default", "reduce-overhead", "tritune", "tritune-ro")}
 COMPILE_VARIANTS = {"prefill": ("default", "max-autotune", "tritune"), "decode": ("default", "reduce-overhead", "tritune-ro")}
 PHASES = ("tune", "compile", "latency", "overhead", "profile")
 FORMAT = "model_bench/2"  # of DIR/model_bench.json
-# (ours, theirs, what, target): never slower than torch.compile, and a cheaper compile than max-autotune's
-TARGETS = (("tritune", "default", "latency", 1.0), ("tritune-ro", "reduce-overhead", "latency", 1.0),
-           ("tritune", "default", "compile", 1.2), ("tritune", "max-autotune", "compile", 0.25))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -138,10 +140,6 @@ def run_child(args: argparse.Namespace, kind: str, model: str, shape: str, varia
     return {**result, "process_s": wall}
 
 
-def counts(sites) -> dict | None:
-    return None if sites is None else dict(Counter(kind for _, kind in sites))
-
-
 def phase_tune(args: argparse.Namespace, out: Path, results: dict) -> None:
     for model, shape in itertools.product(args.models, args.shapes):
         summary, log = out / f"tune_{model}_{shape}.json", out / f"tune_{model}_{shape}.log"
@@ -171,7 +169,7 @@ def factory_spec(args: argparse.Namespace, out: Path, model: str) -> str:
 
 def phase_compile(args: argparse.Namespace, out: Path, results: dict) -> None:
     for model, shape in itertools.product(args.models, args.shapes):
-        for variant in args.variants or COMPILE_VARIANTS[shape]:
+        for variant in args.variants or COMPILE_VARIANTS[step(shape)]:
             r = run_child(args, "compile", model, shape, [variant], out / f"compile_{model}_{shape}_{variant}.log")
             r["site_counts"] = counts(r.get("sites"))
             results.setdefault("compile", {}).setdefault(f"{model}/{shape}", {})[variant] = r
@@ -182,7 +180,7 @@ def phase_compile(args: argparse.Namespace, out: Path, results: dict) -> None:
 
 def phase_latency(args: argparse.Namespace, out: Path, results: dict) -> None:
     for model, shape in itertools.product(args.models, args.shapes):
-        r = run_child(args, "latency", model, shape, list(args.variants or LATENCY_VARIANTS[shape]),
+        r = run_child(args, "latency", model, shape, list(args.variants or LATENCY_VARIANTS[step(shape)]),
                       out / f"latency_{model}_{shape}.log")
         rows = r.setdefault("variants", {})
         if "eager_ms" in r:
@@ -202,10 +200,14 @@ def phase_latency(args: argparse.Namespace, out: Path, results: dict) -> None:
 
 def phase_profile(args: argparse.Namespace, out: Path, results: dict) -> None:
     for model, shape in itertools.product(args.models, args.shapes):
-        r = run_child(args, "profile", model, shape, list(args.variants or LATENCY_VARIANTS[shape]),
+        r = run_child(args, "profile", model, shape, list(args.variants or LATENCY_VARIANTS[step(shape)]),
                       out / f"profile_{model}_{shape}.log")
+        if r.get("weight_bytes") and r.get("copy_gbps"):
+            r["floor_us"] = floor_us(r["weight_bytes"], r["copy_gbps"])
         results.setdefault("profile", {})[f"{model}/{shape}"] = r
-        print(f"profile {model}/{shape}:" + (f" {r['error']}" if "error" in r else ""), flush=True)
+        floor = (f" weights {r['weight_bytes'] / 1e6:.1f} MB, copy {r['copy_gbps']:.0f} GB/s, floor "
+                 f"{r['floor_us']:.1f} us per step;" if "floor_us" in r else "")
+        print(f"profile {model}/{shape}:{floor}" + (f" {r['error']}" if "error" in r else ""), flush=True)
         for variant, v in r.items():
             if isinstance(v, dict):
                 print(f"  {variant}: " + (v["error"] if "error" in v else f"{v['gpu_us']:.1f} GPU us, "
@@ -220,81 +222,15 @@ def phase_overhead(args: argparse.Namespace, out: Path, results: dict) -> None:
     save(out, results)
 
 
+def step(shape: str) -> str:
+    """The key of a shape's variant lists: "decode" for every decode shape, else "prefill"."""
+    return "decode" if is_decode(shape) else "prefill"
+
+
 def save(out: Path, results: dict) -> None:
     """Write the merged results (through a rename: a kill never leaves half a file)."""
     (out / "model_bench.json.tmp").write_text(json.dumps(results, indent=2))
     os.replace(out / "model_bench.json.tmp", out / "model_bench.json")
-
-
-# ----- report
-
-def report(results: dict) -> str:
-    """The tuning runs; per model and shape a row per variant; the ratios and their targets; the overhead."""
-    lines = [tune_line(key, t) for key, t in sorted(results.get("tune", {}).items())]
-    keys = sorted({*results.get("compile", {}), *results.get("latency", {})})
-    lines += [f"{'model/shape':15s} {'variant':16s} {'compile s':>9s} {'latency ms':>10s} {'xdefault':>8s} "
-              f"{'xred-ovh':>8s} {'tuned/lib/miss':>14s} {'rel err':>8s}"] * bool(keys)
-    for key in keys:
-        comp, lat = results.get("compile", {}).get(key, {}), results.get("latency", {}).get(key, {})
-        if "error" in lat:
-            lines.append(f"{key:15s} latency: {lat['error'][:300]}")
-        timed = {**lat.get("variants", {}), "eager": lat.get("eager", {})}
-        for variant in [v for v in (*VARIANTS, "eager") if v in comp or timed.get(v)]:
-            lines.append(f"{key:15s} {variant:16s} " + row(comp.get(variant, {}), timed.get(variant, {})))
-    for key, (ours, theirs, what, target) in itertools.product(keys, TARGETS):
-        lines.append(f"{key}: {ours} / {theirs} {what}: {fmt(ratio(results, key, ours, theirs, what), '.3f')} "
-                     f"(target <= {target:.2f})")
-    if "overhead" in results:
-        lines.append("overhead: " + overhead_line(results["overhead"]))
-    return "\n".join(lines)
-
-
-def row(c: dict, t: dict) -> str:
-    """One variant's cells: c from the compile phase, t from the latency phase."""
-    sites = c.get("site_counts") if c.get("site_counts") is not None else t.get("site_counts")
-    tuned = "-" if sites is None else "/".join(str(sites.get(k, 0)) for k in ("tuned", "library", "miss"))
-    cells = [fmt(c.get("compile_s"), "9.1f"), fmt(t.get("latency_ms"), "10.3f"), fmt(t.get("x_default"), "8.3f"),
-             fmt(t.get("x_reduce-overhead"), "8.3f"), f"{tuned:>14s}", fmt(t.get("rel_err", c.get("rel_err")), "8.1e")]
-    errors = "; ".join(f"{p}: {r['error'][:200]}" for p, r in (("compile", c), ("latency", t)) if "error" in r)
-    return " ".join(cells) + (f"  [{errors}]" if errors else "")
-
-
-def tune_line(key: str, t: dict) -> str:
-    """Exit, wall time, sites that chose the library, and the chosen implementations' time against
-    the fastest alternatives', summed over the model's contractions."""
-    tasks = [s for s in t.get("summary") or [] if s.get("final_ours_ms")]
-    ours, alt = (sum(s["count"] * s[k] for s in tasks) for k in ("final_ours_ms", "best_alternative_ms"))
-    library = sum(s["count"] for s in tasks if "library" in (s.get("best_config") or {}))
-    checks = "; ".join(f"{c['mode']}: " + (c["error"][:100] if "error" in c else f"{c['winner']} "
-                       f"({c['inductor_ms'] / c['tritune_ms']:.3f}x)" if c.get("winner") else "nothing tuned")
-                       for c in t.get("model_check") or [])
-    return f"tune {key}: exit {t['exit']}, {t['wall_s']:.0f} s, {len(t.get('summary') or [])} tasks" + (
-        f", {library}/{sum(s['count'] for s in tasks)} sites chose the library; contractions {ours:.3f} ms "
-        f"vs the best alternatives {alt:.3f} ms" if tasks else "") + (f"; whole-model check: {checks}" if checks else "")
-
-
-def ratio(results: dict, key: str, ours: str, theirs: str, what: str) -> float | None:
-    """Compile seconds over compile seconds; latencies paired by round (see latency)."""
-    rows = results.get(what, {}).get(key, {})
-    if what == "latency":
-        return rows.get("variants", {}).get(ours, {}).get(f"x_{theirs}")
-    a, b = rows.get(ours, {}).get("compile_s"), rows.get(theirs, {}).get("compile_s")
-    return a / b if a is not None and b else None
-
-
-def overhead_line(r: dict) -> str:
-    why = "; ".join(v if k == "error" else f"{k}: {v}" for k, v in r.items() if k.endswith("error"))
-    if "overhead_us" not in r:
-        timed = "".join(f"; {k[:-3]} {v:.2f} us per call" for k, v in r.items() if k.endswith("_us"))
-        return "failed: " + (why or "no result") + timed
-    extern = f", Inductor's default (extern mm) {r['extern_us']:.2f} us" if "extern_us" in r else ""
-    return (f"tritune {r['tritune_us']:.2f} us, Inductor's Triton mm {r['inductor_us']:.2f} us{extern} per call: "
-            f"{r['overhead_us']:+.2f} us (target <= 1.00); our kernel in the code: {r['tritune_as_intended']}, "
-            f"Inductor's template in its code: {r['inductor_as_intended']}; sites {counts(r['sites'])}")
-
-
-def fmt(value, spec: str) -> str:
-    return format(value, spec) if value is not None else "-".rjust(int(spec.split(".")[0] or 1))
 
 
 def _terminate(signum, frame) -> None:
