@@ -39,12 +39,14 @@ def replay(expr, config):
         def weight(n):  # the graph's [K, N] operand of a weight stored [N, K] (or [K, N])
             return empty(n, expr.k).t() if expr.trans_b else empty(expr.k, n)
         site = tuned_op.site(tuned_op.spec_of(expr, config))
+        norm = None if expr.norm_eps is None else empty(expr.k)  # a row norm's weight
         if expr.op == "wide":
-            site(empty(expr.m, expr.k), [weight(n) for n in expr.ns], [empty(n) for n in expr.ns] if expr.bias else [])
+            site(empty(expr.m, expr.k), [weight(n) for n in expr.ns], [empty(n) for n in expr.ns] if expr.bias else [],
+                 norm)
         elif expr.op == "gated":
-            site(empty(expr.m, expr.k), weight(expr.n), weight(expr.n), None, None)
+            site(empty(expr.m, expr.k), weight(expr.n), weight(expr.n), None, None, norm)
         else:
-            site(empty(expr.m, expr.k), weight(expr.n), empty(expr.n) if expr.has_bias else None, [])
+            site(empty(expr.m, expr.k), weight(expr.n), empty(expr.n) if expr.has_bias else None, [], norm)
     (fn, args, kwargs), = launched
     values = {**dict(zip(fn.arg_names, args)), **kwargs}
     types = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}

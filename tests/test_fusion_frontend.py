@@ -96,7 +96,10 @@ def test_zoo_models_llama_gated_and_residuals_gpt2_pointwise_gelu():
 
     llama = tritune.extract_tasks(zoo.llama(hidden=64, layers=1).eval(), (torch.randn(1, 12, 64),))
     kinds = [t.expr.describe() for t in llama]
-    assert "gated silu 12x176x64 fp32" in kinds and "wide 12x(64+16+16)x64 fp32" in kinds  # q, k, v: one task
+    # q, k, v: one task; each layer's two RMSNorms go into q/k/v's and gate/up's prologue, the final
+    # one into the LM head's
+    assert "gated silu 12x176x64 fp32 rmsnorm" in kinds and "wide 12x(64+16+16)x64 fp32 rmsnorm" in kinds
+    assert "matmul 12x32000x64 fp32 NT rmsnorm" in kinds
     assert sum(t.expr.epilogue == (Binary("add", Input("mn", "fp32")),) for t in llama if t.expr.op == "matmul") == 2
     gpt2 = tritune.extract_tasks(zoo.gpt2(hidden=64, layers=1).eval(), (torch.randn(1, 12, 64),))
     up = next(t for t in gpt2 if t.expr.n == 256)
@@ -222,7 +225,7 @@ def test_tensors_written_in_place_are_no_epilogue_inputs_nor_operands(tmp_path):
     assert task.expr.epilogue == () and task.unfused == ("add",)
 
 
-@pytest.mark.parametrize("name", ["llama", "gpt2"])
+@pytest.mark.parametrize("name", ["llama", "gpt2", "qwen2"])
 def test_zoo_models_compile_with_their_fused_sites_replayed(tmp_path, launched, name):
     from tritune.tuner.model import zoo
 

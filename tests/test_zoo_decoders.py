@@ -72,13 +72,22 @@ def sites(name: str) -> list:
     return graph.find(graph.aten_graph(small(name), (torch.randn(2, 1, H),)), allow_tf32=False)
 
 
+def qwen2_config_eps() -> float:
+    """The RMSNorm epsilon of the zoo's qwen2."""
+    return zoo.qwen2(hidden=H, layers=1).model.config.rms_norm_eps
+
+
 def test_qwen2_decode_sites_are_one_wide_qkv_with_biases_and_one_gated_mlp():
     found = sites("qwen2")
     kinds = [type(s).__name__ for s in found]
     assert kinds == ["WideMatch", "Match", "GatedMatch", "Match", "Match"]
     qkv, o, mlp, down, head = found
-    assert qkv.expr == Wide(2, (H, H // 4, H // 4), H, "fp32", bias=True, allow_tf32=False)
-    assert mlp.expr == Gated(2, H * 11 // 4, H, "fp32", "silu", bias=False, allow_tf32=False)
+    # the layer's input norm goes into q/k/v's prologue, the post-attention norm into gate/up's,
+    # the final norm into the LM head's
+    eps = qwen2_config_eps()
+    assert qkv.expr == Wide(2, (H, H // 4, H // 4), H, "fp32", bias=True, allow_tf32=False, norm_eps=eps)
+    assert mlp.expr == Gated(2, H * 11 // 4, H, "fp32", "silu", bias=False, allow_tf32=False, norm_eps=eps)
+    assert head.expr.norm_eps == eps and o.norm is None and down.norm is None
     residual = (Binary("add", Input("mn", "fp32")),)
     assert o.expr.epilogue == residual and down.expr.epilogue == residual  # no biases after attention
     assert (head.expr.n, head.expr.k, head.expr.epilogue) == (151936, H, ())

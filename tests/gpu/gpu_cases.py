@@ -61,6 +61,18 @@ def matmul_cases() -> list:
         expr = Matmul(1000, 520, 1576, batch=1 if "PERSISTENT" in knobs else 2, dtype=dtype, trans_a=lay[0] == "t",
                       trans_b=lay[1] == "t", epilogue=epi)
         out.append((expr, knob_config(knobs, dtype)))
+    return out + norm_cases()
+
+
+def norm_cases() -> list:
+    """The RMSNorm prologue: the family's examples, and decode-sized projections (a row, 16 rows)
+    in every loop it may take (pointer or tensor-descriptor loads, the persistent loop), every dtype."""
+    out = [(e, c) for e in family("matmul").examples() if e.norm_eps is not None for c in (TILE, SMALL.replace(UNROLL=1))]
+    loops = itertools.cycle(({}, dict(TMA=1), dict(TMA=2), dict(PERSISTENT=1), dict(PERSISTENT=2, TMA=1)))
+    for m, dtype in itertools.product((1, 16), ("fp16", "bf16", "fp32")):
+        epi = (BiasAdd(), Binary("add", Input("mn", dtype))) if m == 16 else ()
+        expr = Matmul(m, 4000, 2048, dtype=dtype, trans_b=True, epilogue=epi, norm_eps=1e-6)
+        out.append((expr, SMALL.replace(UNROLL=1, BLOCK_K=32 if dtype == "fp32" else 128, **next(loops))))
     return out
 
 

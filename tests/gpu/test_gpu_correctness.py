@@ -89,7 +89,7 @@ def test_route(seed, knobs, mode):
 
 
 FRONTEND = [pytest.param(name, dtype, mode, id=f"{name}-{dtype}-{mode or 'default'}") for name, (dtype, mode) in
-            itertools.product(("llama", "gpt2"), (("fp16", None), ("bf16", "reduce-overhead")))]
+            itertools.product(("llama", "gpt2", "qwen2"), (("fp16", None), ("bf16", "reduce-overhead")))]
 
 
 @pytest.mark.parametrize("name, dtype, mode", FRONTEND)

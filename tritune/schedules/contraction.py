@@ -110,15 +110,16 @@ def shared_estimate(config: Config, element_bytes: int, b_tiles: int = 1) -> int
 
 
 def contraction_space(m: int, n: int, k: int, element_bytes: int, limits: Limits, batch: int = 1,
-                 tma: int = 0, b_tiles: int = 1) -> Space:
+                 tma: int = 0, b_tiles: int = 1, norm: bool = False) -> Space:
     """The space for a (batch of) M x N x K contraction; constraints prune what cannot run or is
     redundant. `tma`: the largest TMA value the layout allows (1: loads, 2: the store too);
-    `b_tiles`: B tiles (and accumulators) per step, 2 for a dual GEMM sharing A.
+    `b_tiles`: B tiles (and accumulators) per step, 2 for a dual GEMM sharing A; `norm`: A's rows
+    are read through a row norm, whose statistics need the whole K loop in one program.
     """
-    p = _Problem(m, n, k, element_bytes, batch, limits, b_tiles=b_tiles)
+    p = _Problem(m, n, k, element_bytes, batch, limits, b_tiles=b_tiles, norm=norm)
     return Space(KNOBS + EXTENSIONS, (p.tile_fits, p.not_too_small, p.registers, p.k_step_too_small,
                                       p.not_redundant, p.split_k, p.tma(tma), p.shared, p.persistent,
-                                      p.warp_spec))
+                                      p.warp_spec, p.norm_prologue))
 
 
 def _acc_overflow(c: Config, warps: int, accumulators: int) -> str | None:
@@ -144,6 +145,7 @@ class _Problem:
     limits: Limits
     min_dim: int = 16  # tl.dot needs every tile dimension >= 16
     b_tiles: int = 1  # B tiles loaded, and accumulators held, per step
+    norm: bool = False  # a row-norm prologue (tritune.kernels.norm)
 
     def tiles(self, c: Config) -> int:
         return -(-self.m // c["BLOCK_M"]) * -(-self.n // c["BLOCK_N"])
@@ -224,6 +226,11 @@ class _Problem:
             return "the persistent loop serves single, unsplit contractions"
         if self.tiles(c) <= self.limits.sms:
             return "one wave of tiles: a persistent loop changes nothing"
+        return None
+
+    def norm_prologue(self, c: Config) -> str | None:
+        if self.norm and (c.get("SPLIT_K", 1) > 1 or c.get("WARP_SPEC", 0)):
+            return "a row-norm prologue needs the whole K loop in one program, its input tile in every warp"
         return None
 
     def warp_spec(self, c: Config) -> str | None:

@@ -9,6 +9,8 @@ from typing import ClassVar
 from tritune.kernels.epilogue import (Binary, BiasAdd, Clamp, Epilogue, Gelu, Input, Pow, Relu, Scale, Unary,
                                       epilogue_from_dict, inputs_of)
 from tritune.kernels.expr import INT32_MAX, ExprError, Keyed, check_fields
+from tritune.kernels.norm import check_norm
+from tritune.kernels.norm import describe as describe_norm
 
 
 @dataclass(frozen=True)
@@ -18,7 +20,9 @@ class Matmul(Keyed):
     trans_a / trans_b say the operand is stored transposed (A as [K, M], B as [N, K]);
     allow_tf32 lets fp32 inputs use tf32 tensor cores (recorded in the workload). The epilogue's
     extra inputs (`inputs`) are operands after the bias: a residual [B, M, N] (batch stride 0 to
-    share one [M, N]), or vectors over rows [M] or columns [N] shared by the batch.
+    share one [M, N]), or vectors over rows [M] or columns [N] shared by the batch. `norm_eps`:
+    A's rows are read through an RMSNorm with this epsilon and a weight [K] (`tritune.kernels.norm`;
+    one row-major A, no batch), the weight the kernel's last argument.
     """
 
     m: int
@@ -30,6 +34,7 @@ class Matmul(Keyed):
     trans_b: bool = False
     epilogue: tuple[Epilogue, ...] = field(default=())
     allow_tf32: bool = True
+    norm_eps: float | None = None
     op: ClassVar[str] = "matmul"
 
     def __post_init__(self) -> None:
@@ -39,6 +44,9 @@ class Matmul(Keyed):
             raise ExprError(f"an epilogue is a sequence of steps, got {self.epilogue!r}")
         if max(self.m * self.k, self.k * self.n, self.m * self.n) > INT32_MAX:
             raise ExprError("each operand must have fewer than 2**31 elements per batch")
+        check_norm(self.norm_eps)
+        if self.norm_eps is not None and (self.batch > 1 or self.trans_a):
+            raise ExprError("a row norm before the contraction needs one row-major A (no batch, A not transposed)")
 
     @property
     def has_bias(self) -> bool:
@@ -62,11 +70,13 @@ class Matmul(Keyed):
 
     def to_dict(self) -> dict:
         """Canonical dict form (the workload spec stored in the database)."""
-        return {
+        d = {
             "op": self.op, "batch": self.batch, "m": self.m, "n": self.n, "k": self.k,
             "dtype": self.dtype, "trans_a": self.trans_a, "trans_b": self.trans_b,
             "epilogue": [e.to_dict() for e in self.epilogue], "tf32": self.tf32,
         }
+        # only a normed workload names its norm: every other workload keeps its key
+        return d if self.norm_eps is None else {**d, "norm_eps": self.norm_eps}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Matmul":
@@ -78,7 +88,7 @@ class Matmul(Keyed):
                 m=d["m"], n=d["n"], k=d["k"], batch=d.get("batch", 1), dtype=d["dtype"],
                 trans_a=d.get("trans_a", False), trans_b=d.get("trans_b", False),
                 epilogue=tuple(epilogue_from_dict(e) for e in d.get("epilogue", ())),
-                allow_tf32=d.get("tf32", True) or d["dtype"] != "fp32",
+                allow_tf32=d.get("tf32", True) or d["dtype"] != "fp32", norm_eps=d.get("norm_eps"),
             )
         except (KeyError, TypeError) as e:
             raise ExprError(f"bad matmul workload spec: {e}") from None
@@ -93,7 +103,7 @@ class Matmul(Keyed):
         b = f"{self.batch}x" if self.batch > 1 else ""
         lay = ("T" if self.trans_a else "N") + ("T" if self.trans_b else "N")
         epi = "+" + "+".join(e.name for e in self.epilogue) if self.epilogue else ""
-        return f"matmul {b}{self.m}x{self.n}x{self.k} {self.dtype} {lay}{epi}"
+        return f"matmul {b}{self.m}x{self.n}x{self.k} {self.dtype} {lay}{describe_norm(self.norm_eps)}{epi}"
 
 
 # Small awkward contractions (no size a multiple of a tile, M or N of 1, batched, every layout and
@@ -114,4 +124,8 @@ AWKWARD = (
         Binary("add", 0.5), Clamp(-2.0, 3.0), Pow(2))),
     Matmul(70, 50, 128, dtype="bf16", epilogue=(Unary("silu"), Binary("mul", Input("mn", "fp32")),
                                                 Binary("mul", Input("n", "bf16")))),
+    # an RMSNorm prologue: alone, with a bias and a residual, in bf16, K not a multiple of a step
+    Matmul(37, 29, 53, trans_b=True, norm_eps=1e-6),
+    Matmul(1, 45, 70, dtype="fp32", epilogue=(BiasAdd(), Binary("add", Input("mn", "fp32"))), norm_eps=1e-5),
+    Matmul(9, 130, 72, dtype="bf16", trans_b=True, norm_eps=1e-6),
 )

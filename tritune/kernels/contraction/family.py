@@ -10,6 +10,7 @@ from tritune.kernels.contraction.expr import AWKWARD, Matmul
 from tritune.kernels.epilogue import apply, apply_
 from tritune.kernels.expr import DTYPE_BYTES, TOLERANCE, ExprError, check_dtype, check_options, parse_dims, torch_dtype
 from tritune.kernels.family import Family, Operands
+from tritune.kernels.norm import rms_norm
 from tritune.kernels.pointwise import GRAMMAR, parse_epilogue
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits, Space
@@ -21,7 +22,7 @@ class ContractionFamily(Family):
     """C[b,m,n] = epilogue(A[b,m,k] @ B[b,k,n]) in any layout, fp16/bf16/fp32."""
 
     baseline = "torch (cuBLAS)"
-    sources = ("contraction/expr.py", "contraction/template.py", "contraction/launch.py")
+    sources = ("contraction/expr.py", "contraction/template.py", "contraction/launch.py", "norm.py")
     launch_module = "tritune.kernels.contraction.launch"
 
     def __init__(self, op: str, batched: bool) -> None:
@@ -59,7 +60,8 @@ class ContractionFamily(Family):
 
         problem = launch.canonical_problem(expr)
         tma = 0 if launch.tma_unfit(expr, problem) else 1 if launch.tma_unfit(expr, problem, store=True) else 2
-        return contraction_space(expr.m, expr.n, expr.k, DTYPE_BYTES[expr.dtype], limits, batch=expr.batch, tma=tma)
+        return contraction_space(expr.m, expr.n, expr.k, DTYPE_BYTES[expr.dtype], limits, batch=expr.batch, tma=tma,
+                                 norm=expr.norm_eps is not None)
 
     def features(self, expr: Matmul, limits: Limits, configs: Sequence[Config]) -> np.ndarray:
         from tritune.kernels.contraction.features import features
@@ -72,7 +74,8 @@ class ContractionFamily(Family):
     # ----- semantics
     def inputs(self, expr: Matmul, seed: int, device: str) -> Operands:
         """a, b, a NaN output, then the bias (None without one, where extra inputs follow) and the
-        epilogue's extra inputs: a [B, M, N] residual, [M] or [N] vectors, each in its dtype."""
+        epilogue's extra inputs: a [B, M, N] residual, [M] or [N] vectors, each in its dtype; with a
+        row norm, its weight [K] last."""
         import torch
 
         gen = torch.Generator(device=device).manual_seed(seed)
@@ -85,22 +88,24 @@ class ContractionFamily(Family):
         b = rand(bm, n, k).transpose(1, 2) if expr.trans_b else rand(bm, k, n)
         c = torch.full((bm, m, n), float("nan"), device=device, dtype=torch_dtype(expr.dtype))
         extra = tuple(rand(*{"mn": (bm, m, n), "m": (m,), "n": (n,)}[i.shape], dtype=i.dtype) for i in expr.inputs)
-        bias = (rand(n),) if expr.has_bias else (None,) if extra else ()
-        return Operands((a, b, c, *bias, *extra), c)
+        normed = expr.norm_eps is not None
+        bias = (rand(n),) if expr.has_bias else (None,) if extra or normed else ()
+        return Operands((a, b, c, *bias, *extra, *((rand(k),) if normed else ())), c)
 
     def reference(self, expr: Matmul, args: tuple) -> Any:
         import torch
 
-        out = torch.matmul(args[0].double(), args[1].double())
-        bias, extra = _epilogue_args(args)
+        bias, extra, g = _epilogue_args(expr, args)
+        a = args[0].double() if g is None else rms_norm(args[0].double(), g.double(), expr.norm_eps)
+        out = torch.matmul(a, args[1].double())
         return apply(expr.epilogue, out, None if bias is None else bias.double(), [t.double() for t in extra])
 
     def eager(self, expr: Matmul, x: Operands) -> Callable[[], Any]:
         import torch
 
         a, b, c = x.args[:3]
-        bias, extra = _epilogue_args(x.args)
-        return lambda: apply(expr.epilogue, torch.matmul(a, b, out=c), bias, extra)
+        bias, extra, g = _epilogue_args(expr, x.args)
+        return lambda: apply(expr.epilogue, torch.matmul(_normed(expr, a, g), b, out=c), bias, extra)
 
     def libraries(self, expr: Matmul) -> tuple[str, ...]:
         """cuBLAS through torch: mm / bmm with the epilogue after it; addmm / baddbmm with the bias
@@ -116,6 +121,8 @@ class ContractionFamily(Family):
         gelu = any(s.name == "gelu" for s in expr.epilogue)
 
         def run(a: Any, b: Any, c: Any, bias: Any = None, *inputs: Any) -> Any:
+            _, inputs, g = _epilogue_args(expr, (a, b, c, bias, *inputs))
+            a = _normed(expr, a, g)
             if expr.batch == 1 and c.dim() == 3:  # 2-D calls on the single batch entry
                 a, b, c = (t[0] if t.dim() == 3 else t for t in (a, b, c))
             elif c.dim() == 3:  # a 2-D operand broadcast over the batch (a stride-0 view)
@@ -135,7 +142,8 @@ class ContractionFamily(Family):
         import torch
 
         def run(a: Any, b: Any, c: Any, bias: Any = None, *inputs: Any) -> Any:
-            return apply(expr.epilogue, torch.matmul(a, b), bias, inputs)
+            _, inputs, g = _epilogue_args(expr, (a, b, c, bias, *inputs))
+            return apply(expr.epilogue, torch.matmul(_normed(expr, a, g), b), bias, inputs)
         return run
 
     def tolerance(self, expr: Matmul) -> float:
@@ -163,6 +171,15 @@ def _library_steps(expr: Matmul, name: str) -> tuple[float, tuple] | None:
     return None
 
 
-def _epilogue_args(args: tuple) -> tuple[Any, tuple]:
-    """(bias or None, extra inputs) of a contraction's kernel args (a, b, out[, bias, *inputs])."""
-    return (args[3] if len(args) > 3 else None), tuple(args[4:])
+def _epilogue_args(expr: Matmul, args: tuple) -> tuple[Any, tuple, Any]:
+    """(bias or None, extra inputs, row-norm weight or None) of a contraction's kernel args (a, b,
+    out[, bias, *inputs][, g])."""
+    rest = tuple(args[4:])
+    if expr.norm_eps is None:
+        return (args[3] if len(args) > 3 else None), rest, None
+    return args[3], rest[:-1], rest[-1]
+
+
+def _normed(expr: Matmul, a: Any, g: Any) -> Any:
+    """A as the contraction reads it: through the row norm, if any."""
+    return a if g is None else rms_norm(a, g, expr.norm_eps)

@@ -25,14 +25,14 @@ class Problem:
 
     batch: int
     ints: tuple[int, ...]  # M, N, K, 9 strides (A, B, C), bias stride, the extra inputs' strides
-    aligned: tuple[bool, ...]  # A, B, C, BIAS, then each extra input's data pointer 16-byte aligned
+    aligned: tuple[bool, ...]  # A, B, C, BIAS, then each extra input's data pointer 16-byte aligned, then G's
 
     def stride(self, name: str) -> int:
         """One stride by its kernel argument name, e.g. 'stride_am'."""
         return self.ints[INT_NAMES.index(name)]
 
 
-POINTER_NAMES = ("A", "B", "C", "BIAS")  # then WS, LOCKS: split-K scratch, always aligned; then E0, E1, ..
+POINTER_NAMES = ("A", "B", "C", "BIAS")  # then WS, LOCKS: split-K scratch, always aligned; then E0, E1, ..; G
 INT_NAMES = template.INT_NAMES
 
 
@@ -45,13 +45,21 @@ def canonical_problem(expr: Matmul) -> Problem:
     # extra inputs as `inputs` allocates them: a contiguous [B, M, N] residual, contiguous vectors
     extra = [s for inp in expr.inputs for s in ((m * n, n, 1) if inp.shape == "mn" else (1,))]
     return Problem(expr.batch, (m, n, k, *a, *b, *c, 1 if expr.has_bias else 0, *extra),
-                   (True,) * (4 + len(expr.inputs)))
+                   (True,) * (4 + len(expr.inputs) + (expr.norm_eps is not None)))
+
+
+def epilogue_inputs(expr: Matmul, inputs: tuple) -> tuple:
+    """The epilogue's extra inputs among a launch's trailing tensors (a row norm's weight comes last)."""
+    return inputs[:-1] if expr.norm_eps is not None else inputs
 
 
 def ints_of(expr: Matmul, a: Any, b: Any, c: Any, bias: Any = None, *inputs: Any) -> tuple[int, ...]:
     """The kernel's integer arguments for torch tensors (2-D, or 3-D with a leading batch
     dimension; real or fake: only shapes and strides are read); `inputs` are the epilogue's extra
-    inputs in order (`expr.inputs`): a residual 2-D (shared by the batch) or 3-D, vectors 1-D."""
+    inputs in order (`expr.inputs`): a residual 2-D (shared by the batch) or 3-D, vectors 1-D; then,
+    with a row norm, its weight (no integer arguments of its own)."""
+    inputs = epilogue_inputs(expr, inputs)
+
     def strides(t: Any) -> tuple[int, ...]:
         s = t.stride()
         return s if t.dim() == 3 else (0, *s)
@@ -110,6 +118,8 @@ def binary(expr: Matmul, config: Config, problem: Problem) -> Binary:
     pointers = tuple((name, expr.dtype, aligned) for name, aligned in zip(POINTER_NAMES, problem.aligned))
     pointers += (("WS", "fp32", True), ("LOCKS", "i32", True))
     pointers += tuple((f"E{i}", inp.dtype, aligned) for i, (inp, aligned) in enumerate(zip(expr.inputs, problem.aligned[4:])))
+    if expr.norm_eps is not None:
+        pointers += (("G", expr.dtype, problem.aligned[-1]),)
     names = INT_NAMES + template.input_int_names(expr)
     ints = tuple((name, v, divisibility(v)) for name, v in zip(names, problem.ints))
     options = (("num_warps", config["num_warps"]), ("num_stages", config["num_stages"]))
@@ -147,13 +157,16 @@ class Kernel:
         self.expr, self.config, self.problem = expr, config, problem
         if config.get("TMA", 0) and (why := tma_unfit(expr, problem, store=config["TMA"] == 2)):
             raise ValueError(f"config uses TMA but {why}")
+        if expr.norm_eps is not None and (config.get("SPLIT_K", 1) > 1 or config.get("WARP_SPEC", 0)):
+            raise ValueError("a row-norm prologue needs the whole K loop in one program: no split-K, no warp specialisation")
         self._launcher = Launcher(binary(expr, config, problem), grid(expr, config, current_sms()), target)
         self.compiled = self._launcher.compiled
         self._has_bias = expr.has_bias  # read on every launch: not a property walk each time
         self._scratch: tuple[Any, Any] | None = None
 
     def __call__(self, a: Any, b: Any, c: Any, bias: Any = None, *inputs: Any) -> None:
-        """Launch on tensors whose problem matches the one this kernel was built for."""
+        """Launch on tensors whose problem matches the one this kernel was built for (`inputs`: the
+        epilogue's, then a row norm's weight)."""
         scratch = self._scratch
         if scratch is None:
             scratch = self._scratch = self._allocate(a.device)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tritune.kernels import norm
 from tritune.kernels.codegen import epilogue_source, load_source
 from tritune.kernels.contraction.expr import Matmul
 
@@ -38,12 +39,12 @@ def _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
               stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
-              WARP_SPEC: tl.constexpr):
+              WARP_SPEC: tl.constexpr{norm_param}):
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if TMA:
+{norm_init}    if TMA:
         for k in tl.range(k_lo, k_hi, loop_unroll_factor=UNROLL, warp_specialize=WARP_SPEC):
 {tma_loads}
-            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+{norm_apply}            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     else:
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -62,10 +63,10 @@ def _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
             else:
                 a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k * BLOCK_K, other=0.0)
                 b = tl.load(b_ptrs, mask=offs_k[:, None] < K - k * BLOCK_K, other=0.0)
-            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+{norm_apply}            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
-    return acc
+    return acc{norm_returned}
 
 
 @triton.jit
@@ -108,7 +109,7 @@ def _split_fixup(acc, WS, LOCKS, slot, split, BLOCK_M: tl.constexpr, BLOCK_N: tl
 
 @triton.jit
 def {name}(
-    A, B, C, BIAS, WS, LOCKS,{input_pointers}
+    A, B, C, BIAS, WS, LOCKS,{input_pointers}{norm_pointer}
 {int_params}
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -133,10 +134,10 @@ def {name}(
         for t in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=PERSISTENT == 2,
                           warp_specialize=WARP_SPEC):
             pid_m, pid_n = _tile_of(t, grid_m, grid_n, GROUP_M)
-            acc = _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, 0, k_iters, M, N, K,
+            acc{norm_returned} = _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, 0, k_iters, M, N, K,
                             stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
-                            BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K, DOT_PRECISION, TMA, 0)
-            _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,{finish_args}
+                            BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K, DOT_PRECISION, TMA, 0{norm_arg})
+{norm_scale_persistent}            _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,{finish_args}
                     BLOCK_M, BLOCK_N, TMA)
     else:
         pid_m, pid_n = _tile_of(tl.program_id(0), grid_m, grid_n, GROUP_M)
@@ -144,10 +145,10 @@ def {name}(
         per_split = tl.cdiv(k_iters, SPLIT_K)
         k_lo = split * per_split
         k_hi = tl.minimum(k_lo + per_split, k_iters)
-        acc = _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
+        acc{norm_returned} = _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
                         stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
-                        BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K, DOT_PRECISION, TMA, WARP_SPEC)
-        if SPLIT_K > 1:
+                        BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K, DOT_PRECISION, TMA, WARP_SPEC{norm_arg})
+{norm_scale}        if SPLIT_K > 1:
             slot = tl.program_id(1) * tiles + tl.program_id(0)
             acc, last = _split_fixup(acc, WS, LOCKS, slot, split, BLOCK_M, BLOCK_N, SPLIT_K)
             if last:
@@ -220,7 +221,16 @@ def source(expr: Matmul, specialize: bool = False) -> str:
         epilogue=epilogue_source(expr.epilogue, "    ", lambda i, inp: _INPUT_LOADS[inp.shape].format(i=i)),
         tma_descriptors=descs.rstrip("\n"),
         tma_loads=loads.rstrip("\n"),
+        **norm_fields(expr.norm_eps),
     )
+
+
+def norm_fields(eps: float | None) -> dict[str, str]:
+    """The template's row-norm prologue (`tritune.kernels.norm`), empty without one."""
+    return {"norm_param": norm.param(eps), "norm_init": norm.init(eps, "    "),
+            "norm_apply": norm.apply(eps, "a", " " * 12), "norm_returned": norm.returned(eps),
+            "norm_pointer": "" if eps is None else " G,", "norm_arg": norm.param(eps),
+            "norm_scale_persistent": norm.scale(eps, ("acc",), " " * 12), "norm_scale": norm.scale(eps, ("acc",), " " * 8)}
 
 
 def load(expr: Matmul, specialize: bool = False) -> Any:

@@ -2,6 +2,7 @@
 after it (`epilogue_match`), gated pairs act(x @ W1ᵀ [+ b1]) * (x @ W2ᵀ [+ b2]) as one site, and
 2 or 3 projections of one input with no epilogue but their bias (q, k, v) as one wide site.
 Outer products (K = 1, e.g. rotary embeddings' position x frequency) are no contraction worth a kernel.
+A site whose input is an RMSNorm's output read by it alone takes the norm into its kernel (`norm_match`).
 
 Task extraction and the torch.compile backend match on one normal form (`aten_graph`): the model
 traced to ATen ops on fake tensors, where linear and matmul have decomposed into t / view +
@@ -22,6 +23,7 @@ from tritune.kernels.expr import ExprError
 from tritune.kernels.frontend.epilogue_match import (ALIASES, MAX_NODES, VIEWS, Scope, follow, is_view_of, static,
                                                      val, written)
 from tritune.kernels.frontend.helpers import DTYPE_NAMES, contraction_expr, layout_of
+from tritune.kernels.frontend.norm_match import Norm, with_norm
 from tritune.kernels.gated.expr import Gated
 from tritune.kernels.wide.expr import MAX_WEIGHTS, Wide
 
@@ -39,7 +41,8 @@ class Match:
     The kernel reads `a`, `b`, `bias` and the extra epilogue `inputs` (in `expr.inputs` order), and
     its output replaces the value of `last` (the contraction itself, or the last fused pointwise
     op); `nodes` are those it computes. `unfused` names the elementwise op after `last` that reads
-    the result but could not fuse, or is empty.
+    the result but could not fuse, or is empty. `norm`: the row norm `a` is the output of, taken into
+    the kernel (which then reads the norm's input and weight), or None.
     """
 
     expr: Matmul
@@ -51,6 +54,7 @@ class Match:
     unfused: str = ""
     inputs: tuple[fx.Node, ...] = ()
     nodes: frozenset[fx.Node] = frozenset()
+    norm: Norm | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class GatedMatch:
     last: fx.Node
     projections: tuple[Match, ...] = ()
     unfused: str = ""
+    norm: Norm | None = None  # the row norm x is the output of, taken into the kernel
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,7 @@ class WideMatch:
     expr: Wide
     x: fx.Node
     projections: tuple[Match, ...]
+    norm: Norm | None = None  # the row norm x is the output of, taken into the kernel
 
     @property
     def node(self) -> fx.Node:
@@ -137,7 +143,20 @@ def find(gm: fx.GraphModule, allow_tf32: bool = True) -> list[Matched]:
             del matches[p.node]
         sites[w.node] = w
     sites.update(matches)
-    return [sites[n] for n in sorted(sites, key=order.__getitem__)]
+    return [_normed(sites[n]) for n in sorted(sites, key=order.__getitem__)]
+
+
+def _normed(site: Matched) -> Matched:
+    """The site with the row norm its input is read through taken into its kernel, if it can be."""
+    if isinstance(site, WideMatch):
+        inputs = tuple(p.a for p in site.projections)
+    elif isinstance(site, GatedMatch):
+        inputs = tuple(_operands(n)[0] for n in (site.node, site.up))
+    elif site.node.target in (A.mm.default, A.addmm.default):
+        inputs = (site.a,)
+    else:
+        return site
+    return with_norm(site, inputs)
 
 
 def _operands(node: fx.Node) -> tuple[fx.Node, fx.Node, tuple, fx.Node | None] | None:

@@ -33,6 +33,15 @@ class GraphEdit:
         m.last.replace_all_uses_with(fused)
         self.replaced[m.last] = fused
 
+    def read_through(self, m: Any, read: fx.Node) -> tuple[fx.Node, tuple]:
+        """The input a site's kernel reads, and its op's trailing arguments: `read` itself and none,
+        or, where the site took a row norm into its kernel, the norm's input shaped as `read` and
+        the norm's weight (the norm's own nodes are left to dead-code elimination)."""
+        if m.norm is None:
+            return self.get(read), ()
+        x = self.shaped(self.get(m.norm.x), graph.val(m.norm.x), list(graph.val(read).shape))
+        return x, (self.get(m.norm.g),)
+
     def shaped(self, node: fx.Node, value: Any, shape: list[int]) -> fx.Node:
         """`node` reshaped to `shape` (itself where it has that shape already)."""
         if list(value.shape) == shape:
@@ -41,22 +50,24 @@ class GraphEdit:
 
 
 def contraction(edit: GraphEdit, m: graph.Match, spec: str, op: Any) -> None:
-    """op(a, b, bias, inputs, spec) in place of the contraction and its fused epilogue, the bias and
-    inputs shaped as the op takes them."""
+    """op(a, b, bias, inputs, spec[, norm]) in place of the contraction and its fused epilogue, the
+    bias and inputs shaped as the op takes them."""
     get, expr, out = edit.get, m.expr, graph.val(m.node)
     shapes = {"mn": list(out.shape), "m": [expr.m], "n": [expr.n]}
     with edit.graph.inserting_before(m.last):
         bias = None if m.bias is None else edit.shaped(get(m.bias), graph.val(m.bias), [expr.n])
         inputs = [edit.shaped(get(n), graph.val(n), shapes[kind.shape]) for n, kind in zip(m.inputs, expr.inputs)]
-        edit.stand_in(m, edit.graph.call_function(op, (get(m.a), get(m.b), bias, inputs, spec)))
+        a, norm = edit.read_through(m, m.a)
+        edit.stand_in(m, edit.graph.call_function(op, (a, get(m.b), bias, inputs, spec, *norm)))
 
 
 def gated(edit: GraphEdit, m: graph.GatedMatch, spec: str, op: Any) -> None:
-    """op(x, w1, w2, b1, b2, spec) in place of the gated pair's product, the biases as [N] vectors."""
+    """op(x, w1, w2, b1, b2, spec[, norm]) in place of the gated pair's product, the biases as [N] vectors."""
     get = edit.get
     with edit.graph.inserting_before(m.last):
         b1, b2 = (None if b is None else edit.shaped(get(b), graph.val(b), [m.expr.n]) for b in (m.b1, m.b2))
-        edit.stand_in(m, edit.graph.call_function(op, (get(m.x), get(m.w1), get(m.w2), b1, b2, spec)))
+        x, norm = edit.read_through(m, m.x)
+        edit.stand_in(m, edit.graph.call_function(op, (x, get(m.w1), get(m.w2), b1, b2, spec, *norm)))
 
 
 def wide(edit: GraphEdit, m: graph.WideMatch, spec: str, op: Any) -> None:
@@ -76,7 +87,8 @@ def wide(edit: GraphEdit, m: graph.WideMatch, spec: str, op: Any) -> None:
         ws = [before(get(p.b)) for p in m.projections]
         bs = [edit.shaped(before(get(p.bias)), graph.val(p.bias), [p.expr.n]) for p in m.projections
               if p.bias is not None]
-        call = g.call_function(op, (get(m.x), ws, bs, spec))
+        x, norm = edit.read_through(m, m.x)
+        call = g.call_function(op, (x, ws, bs, spec, *norm))
         call.meta["val"] = [graph.val(p.node) for p in m.projections]
         for i, p in enumerate(m.projections):
             edit.stand_in(p, g.call_function(operator.getitem, (call, i)))

@@ -1,11 +1,14 @@
 """The ops a compiled graph calls for tuned sites:
 
-    torch.ops.tritune.matmul(a, b, bias, inputs, spec)   epilogue(a @ b [+ bias]), `inputs` the
-                                                         epilogue's extra tensors (expr.inputs order)
-    torch.ops.tritune.gated(x, w1, w2, b1, b2, spec)     act(x @ w1 [+ b1]) * (x @ w2 [+ b2]), w1 and
-                                                         w2 the [K, N] operands of the products
-    torch.ops.tritune.wide(x, ws, bs, spec)              [x @ w_i (+ b_i) for each w_i], the [K, N_i]
-                                                         operands; bs empty without biases
+    torch.ops.tritune.matmul(a, b, bias, inputs, spec, norm=None)   epilogue(a @ b [+ bias]), `inputs`
+                                                the epilogue's extra tensors (expr.inputs order)
+    torch.ops.tritune.gated(x, w1, w2, b1, b2, spec, norm=None)     act(x @ w1 [+ b1]) * (x @ w2 [+ b2]),
+                                                w1 and w2 the [K, N] operands of the products
+    torch.ops.tritune.wide(x, ws, bs, spec, norm=None)              [x @ w_i (+ b_i) for each w_i], the
+                                                [K, N_i] operands; bs empty without biases
+
+`norm`: the weight [K] of the RMSNorm the site reads its input (a, x) through, where its
+expression has one (`tritune.kernels.norm`); the input is then the norm's input.
 
 Each kind of site (a contraction with its epilogue, a gated pair, a wide group) is one `SiteKind`
 of `KINDS`: its match, how the graph is rewritten for it, its replay site and its op. A new fused
@@ -40,6 +43,7 @@ from tritune.kernels.contraction.family import MATMUL
 from tritune.kernels.device import current_sms, interpreted
 from tritune.kernels.frontend import graph, rewrites
 from tritune.kernels.frontend.helpers import DTYPE_NAMES, input_problem, layout_of
+from tritune.kernels.frontend.norm_match import without_norm
 from tritune.kernels.gated import launch as gated_launch
 from tritune.kernels.gated.expr import Gated
 from tritune.kernels.gated.family import GATED
@@ -91,16 +95,17 @@ class Site:
         self.slots = launch.tiles(expr, config) * expr.batch
         self.ws = self.slots * config.get("SPLIT_K", 1) * config["BLOCK_M"] * config["BLOCK_N"]
 
-    def fits(self, a: Any, b: Any, out: Any, bias: Any, inputs: list) -> bool:
+    def fits(self, a: Any, b: Any, out: Any, bias: Any, inputs: list, norm: Any = None) -> bool:
         """Whether the operands have the layout the kernel was tuned for (and, for tensor-descriptor
         loads, the strides those need), start aligned (`aligned`), and the extra inputs the
-        epilogue's kinds and dtypes."""
+        epilogue's kinds and dtypes (and the norm weight the norm's)."""
         expr, tma = self.expr, self.config.get("TMA", 0)
         if layout_of(a) is not expr.trans_a or layout_of(b) is not expr.trans_b or not aligned(a, b, bias, *inputs):
             return False
-        if input_problem(expr, inputs, out.shape):
+        if input_problem(expr, inputs, out.shape) or not norm_fits(expr, norm):
             return False
-        problem = launch.Problem(expr.batch, launch.ints_of(expr, a, b, out, bias, *inputs), (True,) * 4)
+        problem = launch.Problem(expr.batch, launch.ints_of(expr, a, b, out, bias, *_trailing(inputs, norm)),
+                                 (True,) * 4)
         return not tma or launch.tma_unfit(expr, problem, store=tma == 2) is None
 
     def empty_out(self, a: Any, b: Any) -> Any:
@@ -108,9 +113,10 @@ class Site:
         expr = self.expr
         return a.new_empty((expr.batch, expr.m, expr.n) if 3 in (a.dim(), b.dim()) else (expr.m, expr.n))
 
-    def __call__(self, a: Any, b: Any, bias: Any, inputs: list) -> Any:
+    def __call__(self, a: Any, b: Any, bias: Any, inputs: list, norm: Any = None) -> Any:
         expr, out = self.expr, self.empty_out(a, b)
-        if not self.fits(a, b, out, bias, inputs):
+        inputs = _trailing(inputs, norm)
+        if not self.fits(a, b, out, bias, list(inputs[:len(expr.inputs)]), norm):
             _misfit(self)
             return MATMUL.expression(expr)(a, b, out, bias, *inputs)
         # split-K's scratch and the bias: what the kernel never touches is None, which Triton
@@ -159,16 +165,16 @@ class GatedSite(_OneKernel):
 
     launch = gated_launch
 
-    def __call__(self, x: Any, w1: Any, w2: Any, b1: Any, b2: Any) -> Any:
+    def __call__(self, x: Any, w1: Any, w2: Any, b1: Any, b2: Any, norm: Any = None) -> Any:
         expr = self.expr
         out = x.new_empty((expr.m, expr.n))
         # the kernel takes the weights as stored ([N, K] for nn.Linear's), the graph their [K, N] views
         w1, w2 = (w1.t(), w2.t()) if expr.trans_b else (w1, w2)
-        if not self.fits(x, w1, w2, out, b1, b2):
+        if not self.fits(x, w1, w2, out, b1, b2) or not norm_fits(expr, norm):
             _misfit(self)
-            return GATED.expression(expr)(x, w1, w2, out, b1, b2)
+            return GATED.expression(expr)(x, w1, w2, out, b1, b2, *_trailing((), norm))
         ints = dict(zip(gated_launch.INTS, gated_launch.ints_of(expr, x, w1, w2, out, b1, b2)))
-        self.run(x, w1, w2, out, b1 if expr.bias else None, b2 if expr.bias else None, **ints)
+        self.run(x, w1, w2, out, b1 if expr.bias else None, b2 if expr.bias else None, *_trailing((), norm), **ints)
         return out
 
     def fits(self, x: Any, w1: Any, w2: Any, out: Any, b1: Any, b2: Any) -> bool:
@@ -193,16 +199,16 @@ class WideSite(_OneKernel):
         """A fresh contiguous [M, N_i] output per weight."""
         return [x.new_empty((self.expr.m, n)) for n in self.expr.ns]
 
-    def __call__(self, x: Any, ws: list, bs: list) -> list:
+    def __call__(self, x: Any, ws: list, bs: list, norm: Any = None) -> list:
         expr, outs = self.expr, self.empty_outs(x)
         # the kernel takes the weights as stored ([N, K] for nn.Linear's), the graph their [K, N] views
         ws = [w.t() for w in ws] if expr.trans_b else list(ws)
         bs = list(bs) if expr.bias else [None] * len(ws)
-        if not self.fits(x, ws, outs, bs):
+        if not self.fits(x, ws, outs, bs) or not norm_fits(expr, norm):
             _misfit(self)
-            return products(expr, x, *ws, *outs, *bs)
+            return products(expr, x, *ws, *outs, *bs, *_trailing((), norm))
         ints = dict(zip(wide_launch.template.int_names(expr), wide_launch.ints_of(expr, x, ws, outs, bs)))
-        self.run(x, *ws, *outs, *bs, **ints)
+        self.run(x, *ws, *outs, *bs, *_trailing((), norm), **ints)
         return outs
 
     def fits(self, x: Any, ws: list, outs: list, bs: list) -> bool:
@@ -218,6 +224,20 @@ class WideSite(_OneKernel):
                                                         (True,) * (1 + 3 * len(ws))))
 
 
+def norm_fits(expr: Any, norm: Any) -> bool:
+    """Whether a call's norm weight is what the site was tuned for: none without a norm, else a
+    contiguous, aligned [K] vector in the tuned dtype."""
+    if expr.norm_eps is None or norm is None:
+        return expr.norm_eps is None and norm is None
+    return (norm.dim() == 1 and norm.shape[0] == expr.k and norm.stride(0) == 1 and aligned(norm)
+            and DTYPE_NAMES.get(str(norm.dtype)) == expr.dtype)
+
+
+def _trailing(inputs: Any, norm: Any) -> tuple:
+    """A launch's trailing tensors: the epilogue's inputs, then the norm weight if there is one."""
+    return (*inputs, *(() if norm is None else (norm,)))
+
+
 @lru_cache(maxsize=None)
 def site(spec: str) -> Any:
     """The replay site of a spec (its kernel source generated and loaded once)."""
@@ -228,20 +248,21 @@ def site(spec: str) -> Any:
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], inputs: list[torch.Tensor],
-           spec: str) -> torch.Tensor:
+           spec: str, norm: Optional[torch.Tensor] = None) -> torch.Tensor:
     """epilogue(a @ b [+ bias]) by the tuned kernel of `spec` (a fresh contiguous output)."""
-    return site(spec)(a, b, bias, inputs)
+    return site(spec)(a, b, bias, inputs, norm)
 
 
 def gated(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, b1: Optional[torch.Tensor],
-          b2: Optional[torch.Tensor], spec: str) -> torch.Tensor:
+          b2: Optional[torch.Tensor], spec: str, norm: Optional[torch.Tensor] = None) -> torch.Tensor:
     """act(x @ w1 [+ b1]) * (x @ w2 [+ b2]) by the tuned kernel of `spec` (a fresh [M, N] output)."""
-    return site(spec)(x, w1, w2, b1, b2)
+    return site(spec)(x, w1, w2, b1, b2, norm)
 
 
-def wide(x: torch.Tensor, ws: list[torch.Tensor], bs: list[torch.Tensor], spec: str) -> list[torch.Tensor]:
+def wide(x: torch.Tensor, ws: list[torch.Tensor], bs: list[torch.Tensor], spec: str,
+         norm: Optional[torch.Tensor] = None) -> list[torch.Tensor]:
     """[x @ w_i (+ b_i)] by the tuned kernel of `spec` (a fresh [M, N_i] output each)."""
-    return site(spec)(x, ws, bs)
+    return site(spec)(x, ws, bs, norm)
 
 
 @dataclass(frozen=True)
@@ -274,15 +295,21 @@ def _projections(m: Any) -> tuple:
     return m.projections
 
 
-CONTRACTION = SiteKind(match=graph.Match, expr=Matmul, members=lambda m: (), rewrite=rewrites.contraction,
-                       site=Site, body=matmul, fake=lambda a, b, bias, inputs, spec: site(spec).empty_out(a, b))
+def _unnormed(m: Any) -> tuple:
+    """A contraction that took a row norm into its kernel, as the contraction it is without it."""
+    return () if m.norm is None else (without_norm(m),)
+
+
+CONTRACTION = SiteKind(match=graph.Match, expr=Matmul, members=_unnormed, rewrite=rewrites.contraction,
+                       site=Site, body=matmul,
+                       fake=lambda a, b, bias, inputs, spec, norm=None: site(spec).empty_out(a, b))
 KINDS = (
     CONTRACTION,
     SiteKind(match=graph.GatedMatch, expr=Gated, members=_projections, rewrite=rewrites.gated,
              site=GatedSite, body=gated,
-             fake=lambda x, w1, w2, b1, b2, spec: x.new_empty((site(spec).expr.m, site(spec).expr.n))),
+             fake=lambda x, w1, w2, b1, b2, spec, norm=None: x.new_empty((site(spec).expr.m, site(spec).expr.n))),
     SiteKind(match=graph.WideMatch, expr=Wide, members=_projections, rewrite=rewrites.wide,
-             site=WideSite, body=wide, fake=lambda x, ws, bs, spec: site(spec).empty_outs(x)),
+             site=WideSite, body=wide, fake=lambda x, ws, bs, spec, norm=None: site(spec).empty_outs(x)),
 )
 _BY_OP = {kind.expr.op: kind for kind in KINDS}
 _BY_MATCH = {kind.match: kind for kind in KINDS}

@@ -8,6 +8,8 @@ from typing import ClassVar
 from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.epilogue import Epilogue
 from tritune.kernels.expr import INT32_MAX, ExprError, Keyed, check_fields
+from tritune.kernels.norm import check_norm
+from tritune.kernels.norm import describe as describe_norm
 from tritune.kernels.pointwise import unary
 
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")  # gelu: exact (erf); gelu_tanh: the tanh approximation
@@ -19,7 +21,8 @@ class Gated(Keyed):
 
     x is [M, K] row-major; the weights are [N, K] as nn.Linear stores them (trans_b, the default)
     or [K, N]; both of one layout. `bias` adds a bias vector [N] to each product before the
-    activation and the product; allow_tf32 as for matmul.
+    activation and the product; allow_tf32 as for matmul; `norm_eps`: x's rows are read through an
+    RMSNorm with this epsilon and a weight [K] (`tritune.kernels.norm`), the launch's last argument.
     """
 
     m: int
@@ -30,6 +33,7 @@ class Gated(Keyed):
     trans_b: bool = True
     bias: bool = False
     allow_tf32: bool = True
+    norm_eps: float | None = None
     op: ClassVar[str] = "gated"
 
     def __post_init__(self) -> None:
@@ -41,6 +45,7 @@ class Gated(Keyed):
                 raise ExprError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if max(self.m * self.k, self.k * self.n, self.m * self.n) > INT32_MAX:
             raise ExprError("each operand must have fewer than 2**31 elements")
+        check_norm(self.norm_eps)
 
     @property
     def act(self) -> Epilogue:
@@ -63,8 +68,9 @@ class Gated(Keyed):
 
     def to_dict(self) -> dict:
         """Canonical dict form (the workload spec stored in the database)."""
-        return {"op": self.op, "m": self.m, "n": self.n, "k": self.k, "dtype": self.dtype,
-                "activation": self.activation, "trans_b": self.trans_b, "bias": self.bias, "tf32": self.tf32}
+        d = {"op": self.op, "m": self.m, "n": self.n, "k": self.k, "dtype": self.dtype,
+             "activation": self.activation, "trans_b": self.trans_b, "bias": self.bias, "tf32": self.tf32}
+        return d if self.norm_eps is None else {**d, "norm_eps": self.norm_eps}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Gated":
@@ -73,13 +79,14 @@ class Gated(Keyed):
             raise ExprError(f"not a gated workload: op={d.get('op')!r}")
         try:
             return cls(m=d["m"], n=d["n"], k=d["k"], dtype=d["dtype"], activation=d["activation"],
-                       trans_b=d["trans_b"], bias=d["bias"], allow_tf32=d.get("tf32", True) or d["dtype"] != "fp32")
+                       trans_b=d["trans_b"], bias=d["bias"], allow_tf32=d.get("tf32", True) or d["dtype"] != "fp32",
+                       norm_eps=d.get("norm_eps"))
         except (KeyError, TypeError) as e:
             raise ExprError(f"bad gated workload spec: {e}") from None
 
     def describe(self) -> str:
         """Short human form, e.g. 'gated silu 2048x8192x2048 fp16'."""
-        extra = ("" if self.trans_b else " KN") + (" +bias" if self.bias else "")
+        extra = describe_norm(self.norm_eps) + ("" if self.trans_b else " KN") + (" +bias" if self.bias else "")
         return f"gated {self.activation} {self.m}x{self.n}x{self.k} {self.dtype}{extra}"
 
 
@@ -92,4 +99,7 @@ AWKWARD = (
     Gated(33, 47, 29, dtype="fp32", allow_tf32=False, activation="gelu", bias=True, trans_b=False),
     Gated(19, 70, 41, dtype="fp32", activation="silu"),
     Gated(70, 50, 128, dtype="bf16", bias=True), Gated(9, 130, 72, dtype="bf16", activation="gelu_tanh", trans_b=False),
+    # an RMSNorm prologue (gate/up after a Llama or Qwen layer's post-attention norm)
+    Gated(37, 29, 53, norm_eps=1e-6), Gated(19, 70, 41, dtype="fp32", bias=True, norm_eps=1e-5),
+    Gated(16, 64, 64, dtype="bf16", norm_eps=1e-6),
 )

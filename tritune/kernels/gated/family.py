@@ -7,6 +7,7 @@ import numpy as np
 
 from tritune.kernels.expr import DTYPE_BYTES, TOLERANCE, ExprError, check_dtype, check_options, parse_dims, torch_dtype
 from tritune.kernels.family import Family, Operands
+from tritune.kernels.norm import rms_norm
 from tritune.kernels.gated import launch
 from tritune.kernels.gated.expr import ACTIVATIONS, AWKWARD, Gated
 from tritune.kernels.weights import Concatenated, as_kn, weight_options
@@ -19,7 +20,8 @@ class GatedFamily(Family):
 
     op = "gated"
     baseline = "torch (two cuBLAS GEMMs + pointwise)"
-    sources = ("gated/expr.py", "gated/template.py", "gated/launch.py", "contraction/template.py", "weights.py")
+    sources = ("gated/expr.py", "gated/template.py", "gated/launch.py", "contraction/template.py", "weights.py",
+               "norm.py")
     launch_module = "tritune.kernels.gated.launch"
 
     def from_dict(self, spec: dict) -> Gated:
@@ -61,7 +63,8 @@ class GatedFamily(Family):
 
     # ----- semantics
     def inputs(self, expr: Gated, seed: int, device: str) -> Operands:
-        """x [M, K], W1 and W2 ([N, K], or [K, N]), a NaN output [M, N], then b1, b2 [N] with biases."""
+        """x [M, K], W1 and W2 ([N, K], or [K, N]), a NaN output [M, N], then b1, b2 [N] with biases
+        (None without, where a row norm's weight [K] follows)."""
         import torch
 
         gen = torch.Generator(device=device).manual_seed(seed)
@@ -73,7 +76,8 @@ class GatedFamily(Family):
         weight = (n, k) if expr.trans_b else (k, n)
         x, w1, w2 = rand(m, k), rand(*weight), rand(*weight)
         c = torch.full((m, n), float("nan"), device=device, dtype=torch_dtype(expr.dtype))
-        return Operands((x, w1, w2, c, rand(n), rand(n)) if expr.bias else (x, w1, w2, c), c)
+        biases = (rand(n), rand(n)) if expr.bias else (None, None) if expr.norm_eps is not None else ()
+        return Operands((x, w1, w2, c, *biases, *(() if expr.norm_eps is None else (rand(k),))), c)
 
     def reference(self, expr: Gated, args: tuple) -> Any:
         return self._compute(expr, *(None if t is None else t.double() for t in args))
@@ -84,8 +88,10 @@ class GatedFamily(Family):
     def expression(self, expr: Gated) -> Callable[..., Any]:
         return lambda *args: self._compute(expr, *args)
 
-    def _compute(self, expr: Gated, x: Any, w1: Any, w2: Any, c: Any = None, b1: Any = None, b2: Any = None) -> Any:
+    def _compute(self, expr: Gated, x: Any, w1: Any, w2: Any, c: Any = None, b1: Any = None, b2: Any = None,
+                 norm: Any = None) -> Any:
         """act(x @ W1ᵀ + b1) * (x @ W2ᵀ + b2) as functional torch ops, in the operands' dtype."""
+        x = x if norm is None else rms_norm(x, norm, expr.norm_eps)
         g, u = x @ as_kn(expr.trans_b, w1), x @ as_kn(expr.trans_b, w2)
         if expr.bias:
             g, u = g + b1, u + b2
@@ -103,7 +109,8 @@ class GatedFamily(Family):
         super().library(expr, name)  # raises for a name the expression has none of
         cat = Concatenated(expr.trans_b)
 
-        def run(x: Any, w1: Any, w2: Any, c: Any, b1: Any = None, b2: Any = None) -> Any:
+        def run(x: Any, w1: Any, w2: Any, c: Any, b1: Any = None, b2: Any = None, norm: Any = None) -> Any:
+            x = x if norm is None else rms_norm(x, norm, expr.norm_eps)
             if name == "mm_cat":
                 w, b = cat((w1, w2), (b1, b2))
                 y = torch.addmm(b, x, w) if expr.bias else torch.mm(x, w)

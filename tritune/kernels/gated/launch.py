@@ -14,7 +14,7 @@ from tritune.schedules.config import Config
 
 # Replay's last resort: valid for any dual GEMM.
 DEFAULT = Config.of(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3, UNROLL=1, FUSE=0)
-POINTERS = ("X", "W1", "W2", "C", "B1", "B2")
+POINTERS = ("X", "W1", "W2", "C", "B1", "B2", "G")  # G: a row norm's weight, with one
 INTS = template.INT_NAMES
 
 
@@ -30,7 +30,7 @@ def canonical_problem(expr: Gated) -> Problem:
     """The problem of freshly allocated operands: x [M, K], weights [N, K] (or [K, N]), out [M, N]."""
     m, n, k = expr.m, expr.n, expr.k
     w = (1, k) if expr.trans_b else (n, 1)  # the weights' strides as a [K, N] operand
-    return Problem((m, n, k, k, 1, *w, n, 1, 1 if expr.bias else 0), (True,) * 6)
+    return Problem((m, n, k, k, 1, *w, n, 1, 1 if expr.bias else 0), (True,) * (6 + (expr.norm_eps is not None)))
 
 
 def ints_of(expr: Gated, x: Any, w1: Any, w2: Any, c: Any, b1: Any = None, b2: Any = None) -> tuple[int, ...]:
@@ -43,9 +43,9 @@ def ints_of(expr: Gated, x: Any, w1: Any, w2: Any, c: Any, b1: Any = None, b2: A
     return (expr.m, expr.n, expr.k, *x.stride(), stride_wk, stride_wn, *c.stride(), b1.stride(0) if expr.bias else 0)
 
 
-def problem_of(expr: Gated, x: Any, w1: Any, w2: Any, c: Any, b1: Any = None, b2: Any = None) -> Problem:
-    """The problem of concrete tensors (see ints_of)."""
-    pointers = (x, w1, w2, c, b1 if expr.bias else c, b2 if expr.bias else c)
+def problem_of(expr: Gated, x: Any, w1: Any, w2: Any, c: Any, b1: Any = None, b2: Any = None, g: Any = None) -> Problem:
+    """The problem of concrete tensors (see ints_of; `g` a row norm's weight)."""
+    pointers = (x, w1, w2, c, b1 if expr.bias else c, b2 if expr.bias else c) + (() if g is None else (g,))
     return Problem(ints_of(expr, x, w1, w2, c, b1, b2), tuple(t.data_ptr() % 16 == 0 for t in pointers))
 
 
@@ -89,12 +89,13 @@ def grid(expr: Gated, config: Config) -> tuple[int, int, int]:
 
 
 def launcher(expr: Gated, config: Config, problem: Problem, target: Any = None) -> Callable[..., None]:
-    """The candidate bound to one problem: call it with (x, w1, w2, out[, b1, b2]) to launch once;
-    ValueError for tensor-descriptor loads of operands they cannot read."""
+    """The candidate bound to one problem: call it with (x, w1, w2, out[, b1, b2][, g]) to launch
+    once (b1, b2 None without biases where a row norm's weight g follows); ValueError for
+    tensor-descriptor loads of operands they cannot read."""
     ready_for_tma(config, lambda: tma_unfit(expr, problem))
     launch = Launcher(binary(expr, config, problem), grid(expr, config), target)
     bias = expr.bias
 
-    def run(x: Any, w1: Any, w2: Any, c: Any, b1: Any = None, b2: Any = None) -> None:
-        launch(x, w1, w2, c, b1 if bias else c, b2 if bias else c)
+    def run(x: Any, w1: Any, w2: Any, c: Any, b1: Any = None, b2: Any = None, g: Any = None) -> None:
+        launch(x, w1, w2, c, b1 if bias else c, b2 if bias else c, *(() if g is None else (g,)))
     return run

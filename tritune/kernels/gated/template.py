@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tritune.kernels import norm
 from tritune.kernels.codegen import Emitter, load_source
 from tritune.kernels.contraction.template import PRELUDE
 from tritune.kernels.weights import weight_descriptor
@@ -24,7 +25,7 @@ _TEMPLATE = PRELUDE + '''
 
 @triton.jit
 def {name}(
-    X, W1, W2, C, B1, B2,
+    X, W1, W2, C, B1, B2,{norm_pointer}
 {int_params}
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSE: tl.constexpr,
@@ -48,7 +49,7 @@ def {name}(
     else:
         g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in tl.range(0, tl.cdiv(K, BLOCK_K), loop_unroll_factor=UNROLL):
+{norm_init}    for k in tl.range(0, tl.cdiv(K, BLOCK_K), loop_unroll_factor=UNROLL):
         if TMA:
             x = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
 {w_loads}
@@ -61,7 +62,7 @@ def {name}(
             x = tl.load(x_ptrs, mask=offs_k[None, :] < left, other=0.0)
             w1 = tl.load(W1 + w_offs, mask=offs_k[:, None] < left, other=0.0)
             w2 = tl.load(W2 + w_offs, mask=offs_k[:, None] < left, other=0.0)
-        if FUSE:
+{norm_apply}        if FUSE:
             w = tl.reshape(tl.join(w1, w2), (BLOCK_K, 2 * BLOCK_N))
             acc = tl.dot(x, w, acc, input_precision=DOT_PRECISION)
         else:
@@ -71,7 +72,7 @@ def {name}(
         w_offs += BLOCK_K * stride_wk
     if FUSE:
         g, u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
-{bias}{activation}
+{norm_scale}{bias}{activation}
     c_ptrs = C + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(c_ptrs, (g * u).to(C.dtype.element_ty), mask=mask)
@@ -97,7 +98,10 @@ def source(expr: Gated, specialize: bool = False) -> str:
     return _TEMPLATE.format(name=KERNEL_NAME, description=expr.describe(), bias=_BIAS if expr.bias else "",
                             w_descs=w_descs, w_loads=w_loads,
                             int_params="    " + " ".join(f"{n}{kind}," for n in INT_NAMES),
-                            activation="".join(f"    {line}\n" for line in emit.lines))
+                            activation="".join(f"    {line}\n" for line in emit.lines),
+                            norm_pointer="" if expr.norm_eps is None else " G,",
+                            norm_init=norm.init(expr.norm_eps, "    "), norm_apply=norm.apply(expr.norm_eps, "x", " " * 8),
+                            norm_scale=norm.scale(expr.norm_eps, ("g", "u"), "    "))
 
 
 def load(expr: Gated, specialize: bool = False) -> Any:

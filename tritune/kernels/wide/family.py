@@ -7,6 +7,7 @@ import numpy as np
 
 from tritune.kernels.expr import DTYPE_BYTES, TOLERANCE, check_dtype, check_options, parse_dims, torch_dtype
 from tritune.kernels.family import Family, Operands
+from tritune.kernels.norm import rms_norm
 from tritune.kernels.wide import launch
 from tritune.kernels.weights import Concatenated, as_kn, weight_options
 from tritune.kernels.wide.expr import AWKWARD, Wide
@@ -19,7 +20,7 @@ class WideFamily(Family):
 
     op = "wide"
     baseline = "torch (one cuBLAS GEMM per weight)"
-    sources = ("wide/expr.py", "wide/template.py", "wide/launch.py", "contraction/template.py", "weights.py")
+    sources = ("wide/expr.py", "wide/template.py", "wide/launch.py", "contraction/template.py", "weights.py", "norm.py")
     launch_module = "tritune.kernels.wide.launch"
 
     def from_dict(self, spec: dict) -> Wide:
@@ -59,7 +60,8 @@ class WideFamily(Family):
     def inputs(self, expr: Wide, seed: int, device: str) -> Operands:
         """x [M, K], the weights ([N_i, K], or [K, N_i]), the outputs, then the biases [N_i]. The
         outputs are the column blocks of one NaN [M, sum N_i] buffer (the `out` checked): every
-        candidate writes its outputs in place, the concatenated-weight library its one product."""
+        candidate writes its outputs in place, the concatenated-weight library its one product.
+        With a row norm, its weight [K] last."""
         import torch
 
         gen = torch.Generator(device=device).manual_seed(seed)
@@ -72,7 +74,7 @@ class WideFamily(Family):
         out = torch.full((m, sum(expr.ns)), float("nan"), device=device, dtype=torch_dtype(expr.dtype))
         cs = list(out.split(list(expr.ns), dim=1))
         bs = [rand(n) for n in expr.ns] if expr.bias else []
-        return Operands((x, *ws, *cs, *bs), out)
+        return Operands((x, *ws, *cs, *bs, *([rand(k)] if expr.norm_eps is not None else [])), out)
 
     def reference(self, expr: Wide, args: tuple) -> Any:
         import torch
@@ -100,7 +102,7 @@ class WideFamily(Family):
 
         def run(*args: Any) -> Any:
             x, ws, cs, bs = launch.split(expr, args)
-            whole = _whole(cs)
+            x, whole = _normed(expr, x, launch.norm_weight(expr, args)), _whole(cs)
             if name == "mm_cat":
                 w, b = cat(ws, bs)
                 return torch.addmm(b, x, w, out=whole) if expr.bias else torch.mm(x, w, out=whole)
@@ -117,12 +119,20 @@ class WideFamily(Family):
 def products(expr: Wide, *args: Any, dtype: Any = None) -> list:
     """Each x @ W_iᵀ [+ b_i] as functional torch ops, in `dtype` (default: the operands')."""
     x, ws, _, bs = launch.split(expr, args)
-    x = x if dtype is None else x.to(dtype)
+    g = launch.norm_weight(expr, args)
+    if dtype is not None:
+        x, g = x.to(dtype), None if g is None else g.to(dtype)
+    x = _normed(expr, x, g)
     outs = []
     for w, b in zip(ws, bs):
         y = x @ as_kn(expr.trans_b, w if dtype is None else w.to(dtype))
         outs.append(y if b is None else y + (b if dtype is None else b.to(dtype)))
     return outs
+
+
+def _normed(expr: Wide, x: Any, g: Any) -> Any:
+    """x as the products read it: through the row norm, if any."""
+    return x if g is None else rms_norm(x, g, expr.norm_eps)
 
 
 def _whole(cs: Sequence[Any]) -> Any:

@@ -1,8 +1,8 @@
 """Specialise and launch a generated wide-GEMM kernel (see contraction.launch for why a `Problem`
 holds the ints and pointer alignment a binary assumes).
 
-A launch takes (x, W_1.., out_1.., [b_1..]): the weights as stored ([N_i, K], or [K, N_i]), one
-output [M, N_i] each (any strides), the biases [N_i] with a bias."""
+A launch takes (x, W_1.., out_1.., [b_1..][, g]): the weights as stored ([N_i, K], or [K, N_i]), one
+output [M, N_i] each (any strides), the biases [N_i] with a bias, a row norm's weight [K] with one."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,7 +35,12 @@ def split(expr: Wide, args: Sequence[Any]) -> tuple[Any, list, list, list]:
     """(x, weights, outputs, biases) of a launch's arguments (biases None without a bias)."""
     n = len(expr.ns)
     x, ws, cs, bs = args[0], list(args[1:1 + n]), list(args[1 + n:1 + 2 * n]), list(args[1 + 2 * n:])
-    return x, ws, cs, (bs if expr.bias else [None] * n)
+    return x, ws, cs, (bs[:n] if expr.bias else [None] * n)
+
+
+def norm_weight(expr: Wide, args: Sequence[Any]) -> Any:
+    """A row norm's weight among a launch's arguments (the last), or None without a norm."""
+    return None if expr.norm_eps is None else args[-1]
 
 
 def _weight_strides(expr: Wide, stride: Sequence[int]) -> tuple[int, int]:
@@ -54,7 +59,7 @@ def canonical_problem(expr: Wide) -> Problem:
         offset += n
     biases = [True] * len(expr.ns) if expr.bias else outputs  # the outputs stand in for absent biases
     return Problem((expr.m, expr.k, expr.k, 1) + _segment_ints(expr, flat),
-                   (True,) * (1 + len(expr.ns)) + tuple(outputs + biases))
+                   (True,) * (1 + len(expr.ns)) + tuple(outputs + biases) + ((True,) if expr.norm_eps else ()))
 
 
 def _segment_ints(expr: Wide, flat: Sequence[int]) -> tuple[int, ...]:
@@ -75,7 +80,8 @@ def ints_of(expr: Wide, x: Any, ws: Sequence[Any], cs: Sequence[Any], bs: Sequen
 def problem_of(expr: Wide, *args: Any) -> Problem:
     """The problem of concrete tensors (kernel argument order, see the module's docstring)."""
     x, ws, cs, bs = split(expr, args)
-    pointers = (x, *ws, *cs, *(bs if expr.bias else cs))
+    g = norm_weight(expr, args)
+    pointers = (x, *ws, *cs, *(bs if expr.bias else cs), *(() if g is None else (g,)))
     return Problem(ints_of(expr, x, ws, cs, bs), tuple(t.data_ptr() % 16 == 0 for t in pointers))
 
 
@@ -134,5 +140,7 @@ def launcher(expr: Wide, config: Config, problem: Problem, target: Any = None) -
 
     def run(*args: Any) -> None:
         x, ws, cs, bs = split(expr, args)
-        launch(x, *ws, *cs, *(cs if not expr.bias else bs))  # the outputs stand in for absent biases
+        g = norm_weight(expr, args)
+        # the outputs stand in for absent biases
+        launch(x, *ws, *cs, *(cs if not expr.bias else bs), *(() if g is None else (g,)))
     return run

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tritune.kernels import norm
 from tritune.kernels.codegen import load_source
 from tritune.kernels.contraction import template as contraction
 from tritune.kernels.weights import weight_descriptor
@@ -42,10 +43,10 @@ def {name}(
         {w_desc}
     else:
         x_desc, w_desc = X, W  # stand-ins, never read without TMA
-    acc = _mainloop(X, W, x_desc, w_desc, 0, pid_m, pid_n, 0, tl.cdiv(K, BLOCK_K), M, N, K, 0, stride_xm,
+    acc{norm_returned} = _mainloop(X, W, x_desc, w_desc, 0, pid_m, pid_n, 0, tl.cdiv(K, BLOCK_K), M, N, K, 0, stride_xm,
                     stride_xk, 0, stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K, DOT_PRECISION,
-                    TMA, 0)
-    _finish(acc, C, B, 0, pid_m, pid_n, M, N, 0, stride_cm, stride_cn, stride_b, BLOCK_M, BLOCK_N, 0)
+                    TMA, 0{norm_arg})
+{norm_scale}    _finish(acc, C, B, 0, pid_m, pid_n, M, N, 0, stride_cm, stride_cn, stride_b, BLOCK_M, BLOCK_N, 0)
 '''
 
 _BRANCH = '''\
@@ -62,8 +63,8 @@ def int_names(expr: Wide) -> tuple[str, ...]:
 
 
 def pointer_names(expr: Wide) -> tuple[str, ...]:
-    """The kernel's pointers after X: the weights, the outputs, the biases."""
-    return tuple(f"{kind}{i}" for kind in "WCB" for i in range(len(expr.ns)))
+    """The kernel's pointers after X: the weights, the outputs, the biases (then a row norm's weight)."""
+    return tuple(f"{kind}{i}" for kind in "WCB" for i in range(len(expr.ns))) + (("G",) if expr.norm_eps else ())
 
 
 def _branches(count: int) -> str:
@@ -88,7 +89,9 @@ def source(expr: Wide, specialize: bool = False) -> str:
         name=KERNEL_NAME, description=expr.describe(), pointers=", ".join(pointer_names(expr)),
         int_params="\n".join("    " + " ".join(f"{n}{kind}," for n in group) for group in groups),
         ends=", ".join(f"END{i}: tl.constexpr" for i in range(count)), last=count - 1,
-        branches=_branches(count), w_desc=weight_descriptor(expr.trans_b, "W", "w_desc"))
+        branches=_branches(count), w_desc=weight_descriptor(expr.trans_b, "W", "w_desc"),
+        norm_returned=norm.returned(expr.norm_eps), norm_arg=norm.param(expr.norm_eps),
+        norm_scale=norm.scale(expr.norm_eps, ("acc",), "    "))
 
 
 def load(expr: Wide, specialize: bool = False) -> Any:

@@ -1,0 +1,129 @@
+"""The RMSNorm prologue: a projection, a gated pair or a wide group reads its input through the
+norm inside its kernel. Found in the ATen graph only where the norm's output has no other reader;
+checked against float64 under the interpreter at awkward shapes, in every plain-contraction
+variant (pointer and tensor-descriptor loads, the persistent loop); built for sm_90 as tuned and as
+a compiled model replays it; kept out of split-K and warp specialisation; and workloads without a
+norm keep their keys."""
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from cases import run_case
+from test_codegen_sm90 import build_sm90
+
+from tritune.kernels.contraction.expr import Matmul
+from tritune.kernels.expr import ExprError
+from tritune.kernels.family import expr_from_dict, family
+from tritune.kernels.frontend import graph
+from tritune.kernels.gated.expr import Gated
+from tritune.kernels.wide.expr import Wide
+from tritune.schedules.config import Config
+from tritune.schedules.space import Limits
+
+TILE = Config.of(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=1, num_warps=4, num_stages=3, UNROLL=1)
+DECODE = Config.of(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=4, UNROLL=1)
+
+
+class RMSNorm(nn.Module):
+    """As Llama writes it."""
+
+    def __init__(self, k: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.rand(k) + 0.5), eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Normed(nn.Module):
+    """A norm before a projection; `leak`: the normed rows are returned too (another reader)."""
+
+    def __init__(self, k=48, n=40, leak=False, layer=False):
+        super().__init__()
+        self.norm = nn.LayerNorm(k) if layer else RMSNorm(k)
+        self.proj, self.leak = nn.Linear(k, n, bias=False), leak
+
+    def forward(self, x):
+        y = self.norm(x)
+        return (self.proj(y), y) if self.leak else self.proj(y)
+
+
+def found(model, x):
+    return graph.find(graph.aten_graph(model, (x,)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_norm_read_only_by_its_projection_goes_into_the_prologue(dtype):
+    model, x = Normed().to(dtype), torch.randn(3, 1, 48, dtype=dtype)
+    site, = found(model, x)
+    assert site.norm is not None and site.expr.norm_eps == 1e-6
+    assert graph.val(site.norm.x).shape == (3, 1, 48) and site.expr.describe().endswith("NT rmsnorm")
+
+
+def test_a_norm_with_another_reader_or_a_layernorm_stays_a_kernel():
+    x = torch.randn(3, 1, 48)
+    assert [s.norm for s in found(Normed(leak=True), x)] == [None]
+    assert [s.norm for s in found(Normed(layer=True), x)] == [None]
+
+
+def test_normed_workloads_round_trip_and_others_keep_their_keys():
+    plain = Matmul(16, 32, 64, trans_b=True)
+    assert "norm_eps" not in plain.to_dict()  # a stored workload without a norm keeps its key
+    for expr in (Matmul(16, 32, 64, trans_b=True, norm_eps=1e-5), Wide(16, (32, 8, 8), 64, norm_eps=1e-6),
+                 Gated(16, 32, 64, norm_eps=1e-6)):
+        assert expr_from_dict(json.loads(expr.to_json())) == expr and expr.key != plain.key
+    for bad in (dict(norm_eps=0.0), dict(norm_eps=-1e-6), dict(norm_eps=float("nan")), dict(norm_eps="1e-6"),
+                dict(norm_eps=1e-6, batch=2), dict(norm_eps=1e-6, trans_a=True)):
+        with pytest.raises(ExprError):
+            Matmul(16, 32, 64, **bad)
+
+
+@pytest.mark.parametrize("extra", [{}, dict(TMA=1), dict(TMA=2), dict(PERSISTENT=1), dict(PERSISTENT=2, TMA=1)])
+def test_the_plain_prologue_matches_float64_in_every_loop_variant(extra):
+    err, tol = run_case(Matmul(16, 40, 64, trans_b=True, norm_eps=1e-6), TILE.replace(**extra))
+    assert err <= tol
+    if not extra.get("TMA"):  # rows of 70 halves are no 16-byte multiple: no tensor descriptors
+        err, tol = run_case(Matmul(5, 70, 48, norm_eps=1e-5), TILE.replace(**extra))
+        assert err <= tol
+
+
+def test_a_kernel_that_forgets_the_row_scale_is_caught(monkeypatch):
+    from tritune.kernels import norm
+
+    monkeypatch.setattr(norm, "scale", lambda eps, accumulators, indent: "")
+    err, tol = run_case(Matmul(16, 40, 64, trans_b=True, norm_eps=1e-6), TILE)
+    assert err > tol
+
+
+def test_the_space_keeps_the_prologue_out_of_split_k_and_warp_specialisation():
+    fam = family("matmul")
+    limits = Limits(*Limits.KNOWN[(9, 0)])
+    expr = Matmul(16, 2048, 2048, trans_b=True, norm_eps=1e-6)
+    space = fam.space(expr, limits)
+    sample = space.sample(__import__("numpy").random.default_rng(0), 400)
+    assert sample and all(c.get("SPLIT_K", 1) == 1 and not c.get("WARP_SPEC", 0) for c in sample)
+    assert any(c.get("SPLIT_K", 1) > 1 for c in fam.space(Matmul(16, 2048, 2048, trans_b=True), limits).sample(
+        __import__("numpy").random.default_rng(0), 400))  # the same problem without a norm splits
+    with pytest.raises(ValueError, match="split-K"):
+        x = fam.inputs(expr, 0, "cpu")
+        fam.kernel(expr, DECODE.replace(SPLIT_K=2), fam.problem_of(expr, x.args))
+
+
+def test_the_prologue_builds_for_sm90_tuned_and_replayed():
+    cases = [(Matmul(16, 32000, 2048, trans_b=True, norm_eps=1e-6), DECODE),
+             (Matmul(16, 32000, 2048, trans_b=True, norm_eps=1e-6), DECODE.replace(TMA=1)),
+             (Matmul(16, 32000, 2048, trans_b=True, norm_eps=1e-6, dtype="bf16"), DECODE.replace(PERSISTENT=1)),
+             (Wide(16, (2048, 512, 512), 2048, norm_eps=1e-6, bias=True), DECODE.replace(TMA=1)),
+             (Gated(16, 5632, 2048, norm_eps=1e-6, dtype="bf16"), DECODE.replace(FUSE=1)),
+             (Gated(16, 5632, 2048, norm_eps=1e-6), DECODE.replace(FUSE=0, TMA=1))]
+    tuned = build_sm90(cases)
+    # (a replayed persistent grid asks the GPU for its SM count: left out here)
+    replayed = build_sm90([(e, c) for e, c in cases if not c.get("PERSISTENT", 0)], replay=True)
+    assert len(tuned) == len(cases) and len(replayed) == len(cases) - 1
+    # the replayed kernels take the norm weight: it is no pointer they leave out
+    assert all("G" not in (r["nones"] or []) for r in replayed)

@@ -1,0 +1,131 @@
+"""Row norms a site reads its input through, found in the ATen graph: RMSNorm as Llama, Qwen and
+Mistral write it,
+
+    xf = x.to(float32)                                  (absent when x is fp32)
+    y  = xf * rsqrt(mean(xf ** 2, -1, keepdim) + eps)
+    out = g * y.to(x.dtype)                             (or y * g; the cast absent for fp32)
+
+When every reader of `out` (through views) is the input of one site (a projection, a gated pair,
+the q/k/v of a wide group), the site takes the norm into its kernel's prologue
+(`tritune.kernels.norm`): it reads x and g, and the norm's own kernel disappears from the graph.
+A norm with other readers stays a kernel, and the site reads its output as before.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from tritune.kernels.expr import ExprError
+from tritune.kernels.frontend.epilogue_match import ALIASES, MAX_NODES, VIEWS, static, val
+from tritune.kernels.frontend.helpers import DTYPE_NAMES
+
+A = torch.ops.aten
+WHOLE = (*VIEWS, A.alias.default)  # views of a whole tensor (an LM head reads the final norm through an alias)
+
+
+@dataclass(frozen=True)
+class Norm:
+    """An RMSNorm a site reads its input through: its input `x`, weight `g` ([K]) and epsilon."""
+
+    x: fx.Node
+    g: fx.Node
+    eps: float
+
+
+def with_norm(site: Any, inputs: tuple[fx.Node, ...]) -> Any:
+    """`site` with the norm its input is read through taken into its kernel (its expression's
+    `norm_eps` set, its `norm` field the norm), or `site` unchanged. `inputs`: the nodes the site's
+    kernel reads as its input (every projection's view of it); the norm must have no other reader."""
+    out = _viewed(inputs[0])
+    norm = rms_norm_of(out)
+    if norm is None or not _only_read_by(out, set(inputs)):
+        return site
+    x, g, expr = val(norm.x), val(norm.g), site.expr
+    if not static(x, g) or DTYPE_NAMES.get(str(x.dtype)) != expr.dtype or g.dtype != x.dtype:
+        return site
+    # the kernel reads x as the [M, K] rows the site's input had: a view of a contiguous x
+    if g.shape != (expr.k,) or not x.is_contiguous() or x.numel() != val(inputs[0]).numel() or x.shape[-1] != expr.k:
+        return site
+    try:
+        return replace(site, expr=replace(expr, norm_eps=norm.eps), norm=norm)
+    except ExprError:
+        return site
+
+
+def without_norm(site: Any) -> Any:
+    """A site that took a norm into its kernel as it was before (the norm a kernel of its own)."""
+    return replace(site, expr=replace(site.expr, norm_eps=None), norm=None)
+
+
+def rms_norm_of(node: fx.Node) -> Norm | None:
+    """The RMSNorm whose output `node` is (see the module's docstring), or None."""
+    if not _is(node, A.mul.Tensor):
+        return None
+    for g, y in (node.args[:2], node.args[1::-1]):
+        if not isinstance(g, fx.Node) or not isinstance(y, fx.Node) or not static(val(g)) or val(g).dim() != 1:
+            continue
+        scaled = y.args[0] if _is_cast(y) else y
+        found = _scaled(scaled)
+        if found is not None:
+            return Norm(found[0], g, found[1])
+    return None
+
+
+def _scaled(node: Any) -> tuple[fx.Node, float] | None:
+    """(x, eps) where `node` = xf * rsqrt(mean(xf ** 2, -1, keepdim) + eps), xf x or x.to(float32)."""
+    if not _is(node, A.mul.Tensor):
+        return None
+    for xf, r in (node.args[:2], node.args[1::-1]):
+        if not _is(r, A.rsqrt.default) or not _is(r.args[0], A.add.Tensor):
+            continue
+        mean, eps = r.args[0].args[:2]
+        if not isinstance(eps, (int, float)) or not _is(mean, A.mean.dim) or not _last_dim(mean):
+            continue
+        square = mean.args[0]
+        if _is(square, A.pow.Tensor_Scalar) and square.args[0] is xf and square.args[1] == 2:
+            return (xf.args[0] if _is_cast(xf) else xf), float(eps)
+    return None
+
+
+def _last_dim(mean: fx.Node) -> bool:
+    dims, keep = mean.args[1], (mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False))
+    rank = val(mean.args[0]).dim()
+    return keep and list(dims) in ([-1], [rank - 1])
+
+
+def _is(node: Any, target: Any) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target == target
+
+
+def _is_cast(node: Any) -> bool:
+    """A dtype conversion that stays on the device (what `.to(dtype)` traces to)."""
+    return (_is(node, A._to_copy.default) and set(node.kwargs) <= {"dtype"}) or _is(
+        node, torch.ops.prims.convert_element_type.default)
+
+
+def _viewed(node: fx.Node) -> fx.Node:
+    """The node that `node` is whole views of (itself if it is none)."""
+    for _ in range(MAX_NODES):
+        if node.op != "call_function" or node.target not in WHOLE or not isinstance(node.args[0], fx.Node):
+            break
+        node = node.args[0]
+    return node
+
+
+def _only_read_by(node: fx.Node, readers: set[fx.Node]) -> bool:
+    """Whether every reader of `node`, through views, is one of `readers` (or a view leading only to them)."""
+    todo, seen = [node], 0
+    while todo and seen < MAX_NODES:
+        n = todo.pop()
+        seen += 1
+        for user in n.users:
+            if user in readers:
+                continue
+            if user.op == "call_function" and user.target in ALIASES:
+                todo.append(user)
+                continue
+            return False
+    return not todo
