@@ -59,10 +59,10 @@ def test_the_next_round_is_built_while_one_is_measured(tmp_path):
         assert ends and submitted < max(ends)
 
 
-def test_depth_one_measures_each_round_before_proposing_the_next(tmp_path):
+def test_nothing_in_flight_measures_each_round_before_proposing_the_next(tmp_path):
     builder, runner = Noting(), Clocked()
     Tuner(TASK, make_strategy("random", TASK.space), builder, runner, Database(tmp_path / "t.db"),
-          batch_size=8, depth=1).run(24)
+          batch_size=8, in_flight=0).run(24)
     for (submitted, _), (_, measured) in zip(builder.submitted[1:], builder.submitted):
         assert submitted > max(runner.spans[c][1] for c in measured if c in runner.spans)
 

@@ -69,6 +69,11 @@ class Measurer:
                 self._live += 1
                 thread.start()
 
+    @property
+    def lanes(self) -> int:
+        """Candidates measured at once now (threads of devices not lost; lent runners count)."""
+        return max(1, self._live)
+
     def submit(self, config: Config, build: Any) -> Future:
         """Queue one candidate; the future resolves to its result once measured and stored."""
         done: Future = Future()
