@@ -50,3 +50,21 @@ def _head_to_head_with(timing, mm_ms):
         return {**fake_head_to_head(payload), "alternatives": {"mm": mm_ms, "torch.compile": 1.2},
                 "best_alternative_ms": mm_ms}
     return {**session_handlers(timing), "head_to_head": answer}
+
+
+_prepared: dict = {}
+
+
+def prepare(payload):
+    """The worker's compile of the head-to-head's alternatives, ahead (remembered, not done)."""
+    _prepared["key"] = payload["expr"].key
+    return {"compile_s": 0.5, "error": ""}
+
+
+def ahead_handlers(timing):
+    """As session_handlers, with the alternatives compiled ahead: the head-to-head says which process
+    compared and whether it found them compiled for its workload."""
+    def answer(payload):
+        ready = _prepared.get("key") == payload["expr"].key
+        return {**fake_head_to_head(payload), "pid": os.getpid(), "ready": ready}
+    return {**session_handlers(timing), "prepare": prepare, "head_to_head": answer}

@@ -22,6 +22,9 @@ class FakeBuilder:
         self.built = []
         self.watch = Stopwatch()
 
+    def spawn(self):
+        pass
+
     def start(self, target, shared_limit=0):
         pass
 

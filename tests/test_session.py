@@ -76,6 +76,21 @@ def test_breakdown_arithmetic():
     assert times["outside the loop (space, prior, head-to-head)"] == 3.0
     assert times["storing results (database)"] == 0.2 and times["claims (database)"] == 0.5
     assert times["GPU busy fraction"] == 0.3 and times["compile pool busy fraction"] == 0.4
+    assert not any(k.startswith("GPU busy fraction,") for k in times)  # one device: no split
+
+
+def test_breakdown_per_device_and_outside_the_loop():
+    from tritune.tuner.breakdown import summary
+
+    runner = {"check": 2.0, "timing": 8.0, "check on h:0": 1.5, "timing on h:0": 6.0, "check on h:1": 0.5,
+              "timing on h:1": 2.0, "alternatives": 7.5}
+    times = summary(10.0, {"propose": 1.0, "wait": 5.0, "space and prior": 2.5, "head-to-head": 1.0}, runner,
+                    {"compile": 16.0}, 4, devices=2)
+    assert times["GPU busy fraction"] == 0.5 and times["GPU busy fraction, h:0"] == 0.75
+    assert times["GPU busy fraction, h:1"] == 0.25
+    assert times["outside the loop (space, prior, head-to-head)"] == 4.0
+    assert times["space and prior (before the loop)"] == 2.5 and times["head-to-head (after the loop)"] == 1.0
+    assert times["alternatives compiled ahead (second worker)"] == 7.5
 
 
 @pytest.mark.parametrize("handlers", [fake_worker.library_wins_handlers, fake_worker.near_tie_handlers])

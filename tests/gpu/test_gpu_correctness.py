@@ -143,3 +143,19 @@ def test_faults(op, fault, runner):
     config = fam.default_config(expr)
     got = runner.measure(expr, config if fault is None else config.replace(fault=fault))
     assert got.status is FAULT_STATUS[fault], got.message
+
+
+def test_head_to_head_with_its_alternatives_compiled_ahead():
+    """The second worker compiles torch.compile's lowering while the search would run; the
+    head-to-head, in that worker, then times it beside the library call."""
+    from tritune.kernels.contraction.expr import Matmul
+    from tritune.schedules.config import Config
+    from tritune.tuner.worker.local import LocalRunner
+
+    expr = Matmul(512, 512, 512)
+    with LocalRunner(judge=True) as runner:
+        runner.start()
+        runner.prepare_head_to_head(expr)
+        h2h = runner.head_to_head(expr, Config.of(library="mm"))
+        assert runner.watch.spent["alternatives"] > 0  # compiled ahead, and it worked
+    assert "torch.compile" in h2h["alternatives"] and not h2h["compile_error"] and h2h["ours_ms"] > 0

@@ -38,6 +38,10 @@ class Strategy:
         """How many configs this strategy wants measured between updates (None: no preference)."""
         return None
 
+    def warm(self) -> None:
+        """Do the one-time work of the first proposal now (e.g. learn a prior), which may run in a
+        thread of its own while the caller prepares the rest; proposals are the same either way."""
+
     def propose(self, n: int) -> list[Config]:
         """Up to n new valid configs; fewer (or none) only when the space is exhausted."""
         configs = [c for c in self._propose(n) if c not in self.seen][:n]

@@ -46,6 +46,12 @@ class ModelBasedStrategy(Strategy):
         """The model is refit after every plan_size measurements."""
         return self.plan_size
 
+    def warm(self) -> None:
+        """Fit the prior's model now (seconds of XGBoost, which lets go of the GIL: a tuning run
+        fits it while it enumerates the space); not counted in `fit_s`, whose seconds are the
+        proposals'."""
+        self._fit_prior()
+
     def _propose(self, n: int) -> list[Config]:
         if not self._fit():
             return self.space.sample(self.rng, n, exclude=self.seen)
@@ -76,11 +82,15 @@ class ModelBasedStrategy(Strategy):
         finally:
             self.fit_s += time.perf_counter() - start
 
-    def _refit(self) -> bool:
-        own = self.results
+    def _fit_prior(self) -> None:
+        """Learn the prior once."""
         if self.prior is not None and self._fitted_on < 0:
             self.prior_model.fit(self.prior.X, self.prior.y, self.prior.groups)
             self._fitted_on = 0
+
+    def _refit(self) -> bool:
+        own = self.results
+        self._fit_prior()
         if len(own) < self.min_train and self.prior is None:
             return False
         if own and self._fitted_on != len(own):

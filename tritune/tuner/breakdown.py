@@ -1,6 +1,6 @@
 """Where a tuning run's time goes: seconds per phase, added up as the run goes, and the summary
 that `tune-cli run --summary-json` and `--verbose` show (proposal, model fit, waiting, compile,
-correctness check, timing, idle GPU, idle compile pool)."""
+correctness check, timing, idle GPU, idle compile pool, the parts outside the loop, each GPU)."""
 from __future__ import annotations
 
 import time
@@ -37,11 +37,14 @@ class Stopwatch:
 
 
 def summary(wall_s: float, tuner: dict, runner: dict, builder: dict, workers: int, devices: int = 1) -> dict:
-    """The run's time by phase (seconds, rounded to 0.1 s), and how busy the GPU and the compile pool were.
+    """The run's time by phase (seconds, rounded to 0.1 s), and how busy the GPUs (together, and each
+    where several measured) and the compile pool were.
 
-    The loop's own phases (proposal to "outside the loop") add up to the wall time; the measuring
-    threads' (waiting for compiles to storing results; device-seconds, summed over `devices`) run
-    alongside them, as does the pool.
+    The loop's own phases (proposal to "outside the loop") add up to the wall time; the outside
+    splits into the space and prior before it and the head-to-head after it (the rest: storing the
+    verdict, reporting). The measuring threads' (waiting for compiles to storing results;
+    device-seconds, summed over `devices`) run alongside them, as do the pool and the second
+    worker's compile of the head-to-head's alternatives.
     """
     gpu = runner.get("check", 0.0) + runner.get("timing", 0.0)
     loop = sum(tuner.get(k, 0.0) for k in ("propose", "learn", "wait", "store"))
@@ -53,15 +56,31 @@ def summary(wall_s: float, tuner: dict, runner: dict, builder: dict, workers: in
         "waiting for measurements": tuner.get("wait", 0.0),
         "claims (database)": tuner.get("store", 0.0),
         "outside the loop (space, prior, head-to-head)": wall_s - loop,
+        "space and prior (before the loop)": tuner.get("space and prior", 0.0),
+        "head-to-head (after the loop)": tuner.get("head-to-head", 0.0),
         "GPU waiting for compiles": tuner.get("compile_wait", 0.0),
         "correctness check (GPU worker)": runner.get("check", 0.0),
         "timing (GPU worker)": runner.get("timing", 0.0),
         "worker start and requests": tuner.get("measure", 0.0) - gpu,
         "storing results (database)": tuner.get("save", 0.0),
         "compile (CPU-seconds in the pool)": builder.get("compile", 0.0),
+        "alternatives compiled ahead (second worker)": runner.get("alternatives", 0.0),
         "GPU idle": devices * wall_s - gpu,
     }
     out = {k: round(v, 1) for k, v in out.items()}
     out["GPU busy fraction"] = round(gpu / (devices * wall_s), 3) if wall_s else 0.0
     out["compile pool busy fraction"] = round(builder.get("compile", 0.0) / (workers * wall_s), 3) if wall_s else 0.0
-    return out
+    return {**out, **_per_device(runner, wall_s)}
+
+
+def _per_device(runner: dict, wall_s: float) -> dict:
+    """"GPU busy fraction, host:index" for each device, where more than one measured (runners count
+    their check and timing seconds per device as "check on host:index", "timing on host:index")."""
+    busy: dict[str, float] = defaultdict(float)
+    for phase, seconds in runner.items():
+        kind, _, device = phase.partition(" on ")
+        if device and kind in ("check", "timing"):
+            busy[device] += seconds
+    if len(busy) < 2 or not wall_s:
+        return {}
+    return {f"GPU busy fraction, {device}": round(s / wall_s, 3) for device, s in sorted(busy.items())}

@@ -57,6 +57,14 @@ def _pool_process(parent: int) -> None:
     os.nice(10)
 
 
+def import_compiler() -> None:
+    """Import what compiling needs (torch, Triton, the op families: seconds) in a pool process."""
+    from tritune.kernels.contraction import launch  # noqa: F401 - imported for its cost
+    from tritune.kernels.family import parse_expr
+
+    family(parse_expr("matmul", "256", "fp16").op)
+
+
 def warm_pool_process(target: Any) -> None:
     """Pay a pool process's one-time costs (imports, the compiler back end's first use) by building
     a small matmul at its default config, before any candidate is waiting for the process."""
@@ -86,6 +94,13 @@ class Builder:
         # spawn: the parent may hold CUDA or thread state that a fork would copy
         return ProcessPoolExecutor(workers or self.workers, mp_context=mp.get_context("spawn"),
                                    initializer=_pool_process, initargs=(os.getpid(),))
+
+    def spawn(self) -> None:
+        """Start every pool process now and import the compiler in each, before the target is
+        known (while the GPU worker starts), so that `start` finds them up."""
+        with self._lock:
+            for _ in range(self.workers):
+                self._pool.submit(import_compiler)
 
     def start(self, target: Any, shared_limit: int = 0) -> None:
         """Set the target (known once the GPU worker has reported its device) and warm every pool

@@ -7,6 +7,7 @@ nothing."""
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from typing import Any, Callable, Sequence
@@ -14,8 +15,9 @@ from typing import Any, Callable, Sequence
 from tritune.kernels.family import rate_text
 from tritune.records.database import Database
 from tritune.records.result import MeasureResult
-from tritune.search import make_strategy
+from tritune.search import Strategy, make_strategy
 from tritune.tuner import breakdown
+from tritune.tuner.breakdown import Stopwatch
 from tritune.tuner.builder import Builder
 from tritune.tuner.gpus.spread import spread
 from tritune.tuner.gpus.start import TuneOptions, gpu_session
@@ -109,30 +111,54 @@ def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Build
     if gpu is None:
         with gpu_session(options) as started:
             return tune(expr, db, options, started, task, report)
-    start = time.time()
+    start, watch = time.time(), Stopwatch()
     runner, builder = gpu
     before = [w.snapshot() for w in (runner.watch, builder.watch)]
+    _prepare_head_to_head(runner, expr)
     task = task or device_task(expr, runner.device_info())
-    nothing = {"workload": expr.to_dict(), "trials": 0, "best_config": None, "space_valid": 0}
-    if not len(task.space.valid_indices):
+    with watch("space and prior"):
+        strategy = _strategy(task, db, options)
+    if strategy is None:
         report.note(f"{expr.describe()}: no config of the space can run on this GPU", problem=True)
-        return nothing
-    strategy = make_strategy(options.strategy, task.space, seed=options.seed, features=task.featurize,
-                             prior=prior_for(db, task, options.prior))
+        return {"workload": expr.to_dict(), "trials": 0, "best_config": None, "space_valid": 0}
     with report.running():
         history, loop = _search(task, strategy, builder, runner, db, options, report)
     best = best_of(history)
     report.searched(history, runner.restarts)
     if best is None:
         report.note("no candidate ran correctly", problem=True)
-        return {**nothing, "trials": len(history), "space_valid": len(task.space.valid_indices)}
-    best, h2h = _judge(db, task, history, best, runner.head_to_head(expr, best.config))
+        return {"workload": expr.to_dict(), "trials": len(history), "best_config": None,
+                "space_valid": len(task.space.valid_indices)}
+    with watch("head-to-head"):
+        h2h = runner.head_to_head(expr, best.config)
+    best, h2h = _judge(db, task, history, best, h2h)
     report.finished(expr, best, h2h, task.device.gpu)
     spent = [w.since(b) for w, b in zip((runner.watch, builder.watch), before)]
-    times = breakdown.summary(time.time() - start, loop, *spent, builder.workers, len(runner.each))
+    times = breakdown.summary(time.time() - start, {**loop, **watch.spent}, *spent, builder.workers, len(runner.each))
     if options.verbose:
         report.timed(times)
     return {**_summary(expr, task, history, best, h2h, times["wall"]), "time": times}
+
+
+def _prepare_head_to_head(runner: Runner, expr: Any) -> None:
+    """Have the GPU's second worker compile the head-to-head's alternatives while the search runs
+    (local GPUs; a cluster's hosts and stand-in runners compile them at the end)."""
+    prepare = getattr(runner, "prepare_head_to_head", None)
+    if prepare is not None:
+        prepare(expr)
+
+
+def _strategy(task: Task, db: Database, options: TuneOptions) -> Strategy | None:
+    """The task's search strategy, its prior learned in a thread (XGBoost lets go of the GIL) while
+    this one enumerates the space: seconds each for a mid-size matmul, paid side by side. None
+    where no config of the space is valid."""
+    strategy = make_strategy(options.strategy, task.space, seed=options.seed, features=task.featurize,
+                             prior=prior_for(db, task, options.prior))
+    with ThreadPoolExecutor(1, thread_name_prefix="tritune-prior") as pool:
+        warming = pool.submit(strategy.warm)
+        valid = len(task.space.valid_indices)
+        warming.result()
+    return strategy if valid else None
 
 
 # A tuned kernel replaces the library only when it beats every alternative by this fraction: the

@@ -16,7 +16,6 @@ from tritune.tuner.measurer import Measurer
 from tritune.tuner.task import Task, best_of
 from tritune.tuner.worker.protocol import Runner
 
-
 # Compiled candidates to keep waiting for each measuring lane (a GPU, or one of a cluster host's
 # slots): one to measure next as soon as a measurement ends, and one for a compile that ends late.
 QUEUED_PER_LANE = 2

@@ -54,12 +54,14 @@ def parse_devices(text: str | None) -> tuple[int, ...] | str | None:
 def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0, workers: int | None = None,
               meanwhile: Callable[[], None] | None = None,
               devices: tuple[int, ...] | str | None = None) -> tuple[Runner | Runners, Builder]:
-    """Start the GPU workers (one per device of `devices`, see `parse_devices`) and the compile pool
-    together; while the first worker comes up (seconds of imports and CUDA start), load what the
-    run will need and run `meanwhile` (e.g. capturing a model); then give the pool the device's
-    target. The pool is one per host, shared by every device."""
+    """Start the GPU workers (one per device of `devices`, see `parse_devices`, each with a second
+    one for the head-to-head) and the compile pool together; while the first worker comes up
+    (seconds of imports and CUDA start), the pool's processes start and import the compiler, and
+    this process loads what the run will need and runs `meanwhile` (e.g. capturing a model); then
+    the pool gets the device's target. The pool is one per host, shared by every device."""
     fake = importlib.import_module(SETTINGS.fake_gpu) if SETTINGS.fake_gpu else None
-    make = partial(LocalRunner, timing, timeout_s=timeout_s, seed=seed, **({"handlers": fake.handlers} if fake else {}))
+    make = partial(LocalRunner, timing, timeout_s=timeout_s, seed=seed, judge=True,
+                   **({"handlers": fake.handlers} if fake else {}))
     runner = first = make(device=0 if devices == "all" else devices[0] if devices else None)
     builder = None
     try:
@@ -67,6 +69,8 @@ def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
         builder = Builder(workers=workers)
         if fake:
             builder.build = fake.build
+        else:
+            builder.spawn()
         preload()
         if meanwhile is not None:
             meanwhile()

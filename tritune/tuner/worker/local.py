@@ -10,6 +10,7 @@ import os
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -37,6 +38,7 @@ def gpu_handlers(timing: Timing) -> dict[str, Callable[[dict], Any]]:
         "measure": lambda p: candidate.measure_candidate(p["expr"], p["config"], p["seed"], timing, p.get("best_ms")),
         "torch": lambda p: candidate.measure_torch(p["expr"], p["seed"], timing),
         "head_to_head": lambda p: candidate.head_to_head(p["expr"], p["config"], p["seed"]),
+        "prepare": lambda p: candidate.prepare_alternatives(p["expr"], p["seed"]),
     }
 
 
@@ -94,11 +96,17 @@ class DeviceLost(WorkerDied):
 
 
 class LocalRunner(OneRunner):
-    """Measures candidates on one GPU of this host through a restartable worker process."""
+    """Measures candidates on one GPU of this host through a restartable worker process.
+
+    With `judge`, a second worker on the same GPU runs the end-of-run head-to-head, and compiles
+    its alternatives (`torch.compile` from cold: seconds of CPU) while the search measures in the
+    first (`prepare_head_to_head`), so that the end of a run does not wait for Inductor. It
+    holds a second CUDA context; its compile runs the alternative once on the GPU, which a
+    candidate timed meanwhile shares for well under a millisecond."""
 
     def __init__(self, timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
                  handlers: Callable[[Timing], dict] = gpu_handlers, device: int | None = None,
-                 watch: Stopwatch | None = None, host: str | None = None) -> None:
+                 watch: Stopwatch | None = None, host: str | None = None, judge: bool = False) -> None:
         self.timing, self.timeout_s, self.seed, self.device = timing, timeout_s, seed, device
         self.host = host or socket.gethostname()  # who measured, in the records: "host:device"
         self.lost = False  # its worker could not be started: the device is gone for this run
@@ -113,6 +121,11 @@ class LocalRunner(OneRunner):
         self._closed = False  # stopped for good: a measurement cut short by that starts no new worker
         # the worker's check and timing seconds, and worker starts (shared by a group's runners)
         self.watch = watch or Stopwatch()
+        self._starter: ThreadPoolExecutor | None = None  # starts the worker processes (`_spawn`)
+        self._judge = LocalRunner(timing, timeout_s, seed, handlers, device, Stopwatch(), self.host) if judge else None
+        # the one thread that asks the second worker, in order: a head-to-head after the compiles
+        # asked for before it, and no caller waits for a compile it did not ask the result of
+        self._judge_queue = ThreadPoolExecutor(1, thread_name_prefix="tritune-head-to-head") if judge else None
 
     @property
     def restarts(self) -> int:
@@ -126,22 +139,35 @@ class LocalRunner(OneRunner):
         return f"{self.host}:{index}"
 
     def start(self) -> None:
-        """Start the worker without waiting for it to come up (the first request waits), so that
-        its CUDA start overlaps the parent's own preparations."""
-        if self._proc is None:
-            self._spawn()
+        """Start the worker (and the head-to-head's) without waiting for it to come up (the first
+        request waits), so that its CUDA start overlaps the parent's own preparations."""
+        with self._lock:
+            if self._proc is None:
+                self._spawn()
+        if self._judge is not None:
+            self._judge.start()
 
     def _spawn(self) -> None:
         self._starts += 1
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(target=_serve, args=(child, self._handlers, self.timing, os.getpid()), daemon=True)
-        proc.start()  # only a started process is ever kept (closing one that never started failed)
+        # started from a thread of this runner's own, which lives as long as the runner: the kernel
+        # kills a child when the *thread* that started it ends (PR_SET_PDEATHSIG), and a worker
+        # started again by a measuring thread (ended with its workload), or a head-to-head worker
+        # started by a background request, died with that thread. Only a started process is kept
+        # (closing one that never started failed).
+        self._starter_thread().submit(proc.start).result()
         self._proc = proc
         child.close()
         self._conn = parent
         # handshake, so that start-up (torch import, CUDA init) never counts against a candidate
         parent.send(("info", {"device": self.device}))
         self._awaiting = True
+
+    def _starter_thread(self) -> ThreadPoolExecutor:
+        if self._starter is None:
+            self._starter = ThreadPoolExecutor(1, thread_name_prefix="tritune-worker-start")
+        return self._starter
 
     def _handshake(self) -> None:
         self._awaiting = False
@@ -220,6 +246,7 @@ class LocalRunner(OneRunner):
             return MeasureResult(config, died.status, compile_s=compile_s, message=str(died))
         for phase, seconds in (data.get("spent") or {}).items():
             self.watch.add(phase, seconds)
+            self.watch.add(f"{phase} on {self.name}", seconds)  # a group's devices share the stopwatch
         if status == "error" or data["status"] is not Status.OK:
             return MeasureResult(config, data["status"], compile_s=compile_s, message=data["message"])
         t_min, t_p20, t_median, t_p80 = data["times"]
@@ -231,8 +258,30 @@ class LocalRunner(OneRunner):
         return self._checked("torch", {"expr": expr, "seed": self.seed})
 
     def head_to_head(self, expr: Any, config: Config) -> dict:
-        """Median ms of the tuned kernel and of PyTorch, alternated in one process (`timing.COMPARE` budgets)."""
+        """Median ms of the tuned kernel and of every alternative, alternated in one process
+        (`timing.COMPARE` budgets): in the second worker where there is one, after the compiles
+        asked of it ahead (`prepare_head_to_head`), else, or once it is gone, in this one."""
+        if self._judge is not None and not self._judge.lost:
+            try:
+                return self._judge_queue.submit(self._judge.head_to_head, expr, config).result()
+            except WorkerDied:
+                pass  # the second worker crashed or could not start: the measuring one compares
         return self._checked("head_to_head", {"expr": expr, "config": config, "seed": self.seed})
+
+    def prepare_head_to_head(self, expr: Any) -> None:
+        """Have the second worker compile the alternatives of `expr`'s head-to-head, in the
+        background (nothing without one); its seconds are counted as "alternatives"."""
+        if self._judge is not None:
+            self._judge.start()  # coming up while the search starts, if not up yet
+            self._judge_queue.submit(self._judge._prepare, expr, self.watch)
+
+    def _prepare(self, expr: Any, watch: Stopwatch) -> None:
+        """Ask this worker to compile `expr`'s alternatives (a failure leaves them to the head-to-head)."""
+        try:
+            data = self._checked("prepare", {"expr": expr, "seed": self.seed})
+        except (WorkerDied, RuntimeError):
+            return  # the head-to-head compiles them itself, and says why where it cannot
+        watch.add("alternatives", data["compile_s"])
 
     def _checked(self, kind: str, payload: dict) -> Any:
         status, data = self.request(kind, payload, STARTUP_TIMEOUT_S)
@@ -243,6 +292,10 @@ class LocalRunner(OneRunner):
     def close(self, now: bool = False) -> None:
         """Stop the worker: let it finish its request, or (`now`: the run was interrupted) kill it."""
         self._closed = True
+        if self._judge is not None:
+            self._judge.close(now=True)  # at most compiling ahead for a head-to-head that will not come
+        if self._judge_queue is not None:
+            self._judge_queue.shutdown(wait=False, cancel_futures=True)
         if not now and self._proc is not None and self._proc.is_alive():
             try:
                 self._conn.send(("stop", {}))
@@ -250,6 +303,9 @@ class LocalRunner(OneRunner):
             except (BrokenPipeError, OSError):
                 pass
         self._kill()
+        if self._starter is not None:
+            self._starter.shutdown(wait=False)
+            self._starter = None
 
     def __enter__(self) -> "LocalRunner":
         return self
@@ -319,6 +375,12 @@ class Runners:
     def head_to_head(self, expr: Any, config: Config) -> dict:
         """The end-of-run comparison, on the first device."""
         return self._first().head_to_head(expr, config)
+
+    def prepare_head_to_head(self, expr: Any) -> None:
+        """Compile the head-to-head's alternatives ahead, on the device that will run it."""
+        prepare = getattr(self._first(), "prepare_head_to_head", None)
+        if prepare is not None:
+            prepare(expr)
 
     def _first(self) -> Any:
         """The first runner that is not lost (else the first: it says why)."""

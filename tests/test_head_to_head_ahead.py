@@ -1,0 +1,80 @@
+"""The run's start and end off the critical path: the head-to-head's alternatives compiled ahead in a
+second worker while the search measures in the first, and the prior learned while the space is
+enumerated. Real worker processes with stand-in handlers (tests/fake_worker.py); no GPU, no clocks."""
+import numpy as np
+
+import fake_worker
+from fakes import FakeBuilder
+from test_sa import SPACE, FakeModel, knob_rows
+from tritune.cost_model.dataset import Prior
+from tritune.kernels.contraction.expr import Matmul
+from tritune.records.database import Database
+from tritune.schedules.config import Config
+from tritune.search import make_strategy
+from tritune.tuner import run as tuning
+from tritune.tuner.gpus.start import TuneOptions
+from tritune.tuner.worker.local import LocalRunner, Runners
+
+EXPR = Matmul(256, 256, 256)
+MM = Config.of(library="mm")
+
+
+def test_the_head_to_head_runs_in_the_second_worker_on_what_it_compiled_ahead():
+    with LocalRunner(handlers=fake_worker.ahead_handlers, judge=True) as runner:
+        runner.start()
+        runner.prepare_head_to_head(EXPR)
+        measuring = runner.measure(EXPR, MM).message  # "library": measured in the first worker
+        h2h = runner.head_to_head(EXPR, MM)
+        assert measuring == "library" and h2h["ready"] and h2h["pid"] != runner._proc.pid
+        assert h2h["pid"] == runner._judge._proc.pid and runner.watch.spent["alternatives"] == 0.5
+        other = Matmul(512, 256, 256)
+        assert not runner.head_to_head(other, MM)["ready"]  # not prepared: compiled at the end, as before
+
+
+def test_without_a_second_worker_the_measuring_one_compares():
+    with LocalRunner(handlers=fake_worker.ahead_handlers) as runner:
+        runner.prepare_head_to_head(EXPR)  # nothing to prepare in
+        h2h = runner.head_to_head(EXPR, MM)
+        assert h2h["pid"] == runner._proc.pid and not h2h["ready"] and "alternatives" not in runner.watch.spent
+
+
+def test_a_group_prepares_on_the_device_that_compares():
+    first = LocalRunner(handlers=fake_worker.ahead_handlers, judge=True)
+    second = LocalRunner(handlers=fake_worker.ahead_handlers, judge=True, device=1)
+    group = Runners([first, second])
+    try:
+        group.prepare_head_to_head(EXPR)
+        h2h = group.head_to_head(EXPR, MM)
+        assert h2h["ready"] and h2h["pid"] == first._judge._proc.pid and second._judge._proc is None
+    finally:
+        group.close(now=True)
+
+
+def test_a_run_compiles_the_alternatives_ahead_and_reports_the_parts_outside_the_loop(tmp_path):
+    runner = LocalRunner(handlers=fake_worker.ahead_handlers, judge=True)
+    runner.start()
+    try:
+        with Database(tmp_path / "t.db") as db:
+            out = tuning.tune(EXPR, db, TuneOptions(trials=12, batch_size=4), (runner, FakeBuilder()))
+    finally:
+        runner.close()
+    times = out["time"]
+    assert out["trials"] == 12 and times["alternatives compiled ahead (second worker)"] == 0.5
+    parts = times["space and prior (before the loop)"] + times["head-to-head (after the loop)"]
+    assert 0 <= parts <= times["outside the loop (space, prior, head-to-head)"] + 0.1
+
+
+def test_a_prior_learned_in_a_thread_beside_the_space_proposes_the_same(tmp_path):
+    rng = np.random.default_rng(0)
+    configs = SPACE.sample(rng, 64)
+    prior = Prior(knob_rows(configs), rng.random(64).astype(np.float32), np.zeros(64, dtype=np.int64))
+
+    def strategy():
+        return make_strategy("sa", SPACE, seed=5, features=knob_rows, prior=prior, model=FakeModel(),
+                             prior_model=FakeModel())
+
+    warmed, cold = strategy(), strategy()
+    warmed.warm()
+    assert warmed.prior_model.fits == [(64, 1)] and cold.prior_model.fits == [] and warmed.fit_s == 0.0
+    assert warmed.propose(8) == cold.propose(8)
+    assert warmed.prior_model.fits == cold.prior_model.fits == [(64, 1)]  # learned once either way
