@@ -101,8 +101,9 @@ class LocalRunner(OneRunner):
     With `judge`, a second worker on the same GPU runs the end-of-run head-to-head, and compiles
     its alternatives (`torch.compile` from cold: seconds of CPU) while the search measures in the
     first (`prepare_head_to_head`), so that the end of a run does not wait for Inductor. It
-    holds a second CUDA context; its compile runs the alternative once on the GPU, which a
-    candidate timed meanwhile shares for well under a millisecond."""
+    holds a second CUDA context, and its compile runs the alternative on the GPU once (Inductor's
+    autotuned reduction kernels: each of their configs once), milliseconds that a candidate timed
+    meanwhile shares."""
 
     def __init__(self, timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
                  handlers: Callable[[Timing], dict] = gpu_handlers, device: int | None = None,
