@@ -17,9 +17,11 @@ FUSE = Knob("FUSE", (0, 1))
 MAX_MMA_N = 256  # the widest warp-group MMA (wgmma N); a wider fused tile is split again anyway
 
 
-def gated_space(m: int, n: int, k: int, element_bytes: int, limits: Limits, tma: bool = False) -> Space:
+def gated_space(m: int, n: int, k: int, element_bytes: int, limits: Limits, tma: bool = False,
+                rows_aligned: bool = True) -> Space:
     """The space of an M x N x K dual GEMM (two N-wide products of one [M, K] input); `tma`:
-    whether the operands' layout allows tensor-descriptor loads."""
+    whether the operands' layout allows tensor-descriptor loads; `rows_aligned`: whether the
+    weights' rows (as stored) start 16 bytes apart."""
     base = contraction_space(m, n, k, element_bytes, limits, tma=int(tma), b_tiles=2)
     base = base.without([knob.name for knob in base.knobs if knob.name not in TILING])
 
@@ -31,6 +33,10 @@ def gated_space(m: int, n: int, k: int, element_bytes: int, limits: Limits, tma:
             return "joined fp32 weight tiles do not compile (Triton 3.9, sm_90: illegal shared layout)"
         if 2 * c["BLOCK_N"] > MAX_MMA_N:
             return f"a fused tile 2 x {c['BLOCK_N']} wide is wider than one MMA: FUSE=0 issues the same two"
+        if wgmma(c) and not rows_aligned:
+            # Triton 3.6 and 3.9 (sm_90): make_ttgir fails on the joined tile of [N, K] weights
+            # whose rows are not 16-byte aligned (K = 53 halves), once warp-group MMAs read it
+            return "a joined tile of weight rows not 16-byte aligned does not compile for warp-group MMAs"
         # without warp-group MMAs the joined tile is staged in shared memory once more
         joined = 0 if wgmma(c) else 2 * c["BLOCK_N"] * c["BLOCK_K"] * element_bytes
         need = shared_estimate(c, element_bytes, 2) + joined

@@ -51,7 +51,9 @@ class GatedFamily(Family):
         from tritune.schedules.gated import gated_space
 
         tma = launch.tma_unfit(expr, launch.canonical_problem(expr)) is None
-        return gated_space(expr.m, expr.n, expr.k, DTYPE_BYTES[expr.dtype], limits, tma=tma)
+        rows = expr.k if expr.trans_b else expr.n  # elements per stored weight row
+        return gated_space(expr.m, expr.n, expr.k, DTYPE_BYTES[expr.dtype], limits, tma=tma,
+                           rows_aligned=rows * DTYPE_BYTES[expr.dtype] % 16 == 0)
 
     def features(self, expr: Gated, limits: Limits, configs: Sequence[Config]) -> np.ndarray:
         from tritune.kernels.gated.features import features
