@@ -65,10 +65,14 @@ def test_a_norm_read_only_by_its_projection_goes_into_the_prologue(dtype):
     assert graph.val(site.norm.x).shape == (3, 1, 48) and site.expr.describe().endswith("NT rmsnorm")
 
 
-def test_a_norm_with_another_reader_or_a_layernorm_stays_a_kernel():
+def test_a_norm_with_another_reader_or_a_layernorm_or_over_many_rows_stays_a_kernel():
+    from tritune.kernels.frontend.norm_match import MAX_ROWS
+
     x = torch.randn(3, 1, 48)
     assert [s.norm for s in found(Normed(leak=True), x)] == [None]
     assert [s.norm for s in found(Normed(layer=True), x)] == [None]
+    assert [s.norm is None for s in found(Normed(), torch.randn(1, MAX_ROWS + 1, 48))] == [True]  # prefill
+    assert [s.norm is None for s in found(Normed(), torch.randn(1, MAX_ROWS, 48))] == [False]
 
 
 def test_normed_workloads_round_trip_and_others_keep_their_keys():
