@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tritune.kernels.codegen import load_source
 from tritune.kernels.device import device_info
 from tritune.kernels.family import parse_expr
 from tritune.records.result import Status
@@ -50,18 +51,9 @@ def read_all(X, OUT, n, BLOCK: tl.constexpr, PER: tl.constexpr):
 
 def read_ceiling_ms(nbytes: int) -> float:
     """Median ms of the fastest of a few read-only kernels over `nbytes` of fp16 (graph-timed, L2 cold)."""
-    import importlib.util
-    import sys
-    import tempfile
-
     import torch
 
-    path = Path(tempfile.mkdtemp()) / "read_all.py"
-    path.write_text(READ_SOURCE)
-    spec = importlib.util.spec_from_file_location("read_all", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["read_all"] = mod
-    spec.loader.exec_module(mod)
+    read_all = load_source(READ_SOURCE, "read_all")
     n = nbytes // 2
     sets = operand_sets(lambda i: torch.randn(n, device="cuda", dtype=torch.float16), nbytes)
     best = float("inf")
@@ -69,7 +61,7 @@ def read_ceiling_ms(nbytes: int) -> float:
         for programs in (132, 264, 528, 1056):
             per = -(-n // (block * programs))
             out = torch.empty(programs, device="cuda")
-            calls = [lambda x=x, o=out, p=programs, b=block, q=per: mod.read_all[(p,)](x, o, n, BLOCK=b, PER=q, num_warps=8)
+            calls = [lambda x=x, o=out, p=programs, b=block, q=per: read_all[(p,)](x, o, n, BLOCK=b, PER=q, num_warps=8)
                      for x in sets]
             best = min(best, graph_median_ms(Timing())(calls))
     return best

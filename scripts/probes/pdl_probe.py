@@ -9,10 +9,7 @@ next one start (`gdc_launch_dependents`). Also reports whether torch's Inductor 
 """
 from __future__ import annotations
 
-import importlib.util
 import sys
-import tempfile
-from pathlib import Path
 
 SOURCE = '''
 import triton
@@ -43,16 +40,6 @@ def chain_gemm(X, W, Y, M, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, P
 '''
 
 
-def _module():
-    path = Path(tempfile.mkdtemp()) / "chain_gemm.py"
-    path.write_text(SOURCE)
-    spec = importlib.util.spec_from_file_location("chain_gemm", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["chain_gemm"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def main() -> None:
     import torch
     import torch._inductor.config as ic
@@ -65,7 +52,9 @@ def main() -> None:
         warm_up,
     )
     print("inductor enable_pdl:", getattr(ic.triton, "enable_pdl", "absent"), "torch", torch.__version__)
-    mod = _module()
+    from tritune.kernels.codegen import load_source
+
+    chain_gemm = load_source(SOURCE, "chain_gemm")
     gbps = copy_bandwidth_gbps()
     for m, d in ((16, 2048), (1, 2048), (16, 4096)):
         l2 = torch.cuda.get_device_properties(0).L2_cache_size
@@ -80,7 +69,7 @@ def main() -> None:
             for prefetch, pdl in ((0, 0), (0, 1), (1, 1)):
                 def step(bn=block_n, pf=prefetch, p=pdl, ws=ws, xs=xs, m=m, d=d):
                     for i, w in enumerate(ws):
-                        mod.chain_gemm[(d // bn,)](xs[i], w, xs[i + 1], m, d, d, BLOCK_N=bn, BLOCK_K=128,
+                        chain_gemm[(d // bn,)](xs[i], w, xs[i + 1], m, d, d, BLOCK_N=bn, BLOCK_K=128,
                                                    PREFETCH=pf, PDL=p, num_warps=4, launch_pdl=bool(p))
                 try:
                     graph = capture([step], 4)
