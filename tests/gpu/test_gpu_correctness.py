@@ -88,22 +88,26 @@ def test_route(seed, knobs, mode):
     assert rel_error(out, ref) <= 2e-3
 
 
-FRONTEND = [pytest.param(name, dtype, mode, id=f"{name}-{dtype}-{mode or 'default'}") for name, (dtype, mode) in
-            itertools.product(("llama", "gpt2", "qwen2"), (("fp16", None), ("bf16", "reduce-overhead")))]
+# (2, 64): prefill-like rows; (16, 1): decode, where the RMSNorms go into the projections' prologues
+FRONTEND = [pytest.param(name, dtype, mode, shape, id=f"{name}-{dtype}-{mode or 'default'}-{shape[0]}x{shape[1]}")
+            for name, (dtype, mode), shape in
+            itertools.product(("llama", "gpt2", "qwen2"), (("fp16", None), ("bf16", "reduce-overhead")),
+                              ((2, 64), (16, 1)))]
 
 
-@pytest.mark.parametrize("name, dtype, mode", FRONTEND)
-def test_frontend(name, dtype, mode, tmp_path):
-    """A zoo model (one layer, 2x64 tokens, hidden 256) compiled by the tritune backend with every
-    extracted site's default config stored as its best (no tuning): each site (matmuls with their
-    fused epilogues and residuals, gated pairs, ...) replayed by Inductor. The output against
-    float64 may be off by at most twice what the eager model in the same dtype is, plus 1e-3."""
+@pytest.mark.parametrize("name, dtype, mode, shape", FRONTEND)
+def test_frontend(name, dtype, mode, shape, tmp_path):
+    """A zoo model (one layer, hidden 256, `shape` = sequences x tokens) compiled by the tritune
+    backend with every extracted site's default config stored as its best (no tuning): each site
+    (matmuls with their fused epilogues and residuals, gated pairs, normed prologues, ...) replayed
+    by Inductor. The output against float64 may be off by at most twice what the eager model in
+    the same dtype is, plus 1e-3."""
     pytest.importorskip("transformers")
     import tritune
     from tritune.tuner.model import zoo
     from tritune.tuner.model.load import build
 
-    model, (x,) = build(partial(getattr(zoo, name), hidden=256, layers=1), [(2, 64, 256)], "fp32", "cuda", "random")
+    model, (x,) = build(partial(getattr(zoo, name), hidden=256, layers=1), [(*shape, 256)], "fp32", "cuda", "random")
     with torch.no_grad():
         ref = model.double()(x.double())
         model, x = model.to(torch_dtype(dtype)), x.to(torch_dtype(dtype))
@@ -118,6 +122,8 @@ def test_frontend(name, dtype, mode, tmp_path):
         torch.cuda.synchronize()
     kinds = Counter(kind for _, kind in backend.sites)
     assert kinds.get("tuned", 0) > 0, f"no site replayed a tuned kernel: {dict(kinds)}"
+    if name != "gpt2" and shape[1] == 1:  # RMSNorm decoders at decode: the norms run in prologues
+        assert sum("rmsnorm" in what for what, kind in backend.sites if kind == "tuned") == 3, backend.sites
     assert rel_error(out, ref) <= 2 * eager_err + 1e-3
 
 
