@@ -58,15 +58,16 @@ def loop_waits(monkeypatch):
     return waiting
 
 
-def start(tmp_path, builder, trials, strategy="random", learned=()):
+def start(tmp_path, builder, trials, strategy="random", learned=(), runner=None):
     """A tuner running in a thread (its own database connection: SQLite's are per thread), and the
-    list its history lands in. `learned`: results stored beforehand."""
+    list its history lands in. `learned`: results stored beforehand; `runner`: a FakeRunner's stead."""
     path = tmp_path / "t.db"
     if learned:
         with Database(path) as db:
             db.add_workload(EXPR.key, EXPR.op, EXPR.dtype, EXPR.to_json())
             db.save(EXPR.key, TASK.device, list(learned))
-    tuner = Tuner(TASK, make_strategy(strategy, TASK.space, seed=0), builder, FakeRunner(), None, batch_size=ROUND)
+    tuner = Tuner(TASK, make_strategy(strategy, TASK.space, seed=0), builder, runner or FakeRunner(), None,
+                  batch_size=ROUND)
     out: list = []
 
     def run():

@@ -11,8 +11,9 @@ import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from tritune.kernels.family import family
 from tritune.records.result import Status
@@ -75,9 +76,49 @@ def warm_pool_process(target: Any) -> None:
     build_one(expr, DEFAULT, family("matmul").canonical_problem(expr), target, 0)
 
 
+class PoolShares:
+    """The tuning loops compiling in one pool now, and each one's part of it: with several workloads
+    tuned at once (tune-model over several GPUs) each loop keeps only its part of the pool busy, so
+    that together they fill it without each counting all of it. The pool's processes are split
+    evenly among the loops running now, the loops that joined first taking one more where they do
+    not divide evenly (the parts add up to the pool), at least one each; a loop's part grows as the
+    others end."""
+
+    def __init__(self, workers: Callable[[], int]) -> None:
+        self._workers = workers  # the pool's size, asked each time (a test's stand-in sets it late)
+        self._loops: list[object] = []  # in the order they joined
+        self._lock = threading.Lock()
+
+    @property
+    def loops(self) -> int:
+        """Loops compiling in the pool now."""
+        with self._lock:
+            return len(self._loops)
+
+    @contextmanager
+    def taken(self) -> Iterator[Callable[[], int]]:
+        """A loop's part of the pool while the block runs: a callable that says how many of the
+        pool's processes are the loop's now (read it each time: loops come and go)."""
+        token = object()
+        with self._lock:
+            self._loops.append(token)
+        try:
+            yield lambda: self._part(token)
+        finally:
+            with self._lock:
+                self._loops.remove(token)
+
+    def _part(self, token: object) -> int:
+        with self._lock:
+            loops, rank = len(self._loops), self._loops.index(token)
+        whole, left = divmod(self._workers(), loops)
+        return max(1, whole + (rank < left))
+
+
 class Builder:
     """A process pool compiling candidates for one target. Candidates are submitted by the tuning
-    loop and collected by the measurer thread: the pool is replaced under a lock when it dies."""
+    loop and collected by the measurer thread: the pool is replaced under a lock when it dies.
+    Tuning loops that compile in it at once each take their part of it (`shares`)."""
 
     build = staticmethod(build_one)  # what a pool process runs per candidate (tests swap it)
 
@@ -89,6 +130,7 @@ class Builder:
         # what each future compiles, and in which pool, to retry it if that pool dies
         self._jobs: dict[Future, tuple[Any, Any, ProcessPoolExecutor]] = {}
         self.watch = Stopwatch()  # compile seconds spent in the pool's processes
+        self.shares = PoolShares(lambda: self.workers)  # the tuning loops compiling here now
 
     def _new_pool(self, workers: int | None = None) -> ProcessPoolExecutor:
         # spawn: the parent may hold CUDA or thread state that a fork would copy

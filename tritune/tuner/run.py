@@ -191,6 +191,9 @@ def _search(task: Task, strategy: Any, builder: Builder, runner: Runner, db: Dat
     if len(tuner.per_device) > 1:  # each GPU's share of the measurements
         report.note(f"{task.expr.describe()}: measured per GPU: " + ", ".join(
             f"{name}: {n}" for name, n in sorted(tuner.per_device.items())))
+    if options.verbose and any(part < builder.workers for part in tuner.pool_parts):  # workloads tuned at once
+        report.note(f"{task.expr.describe()}: its part of the {builder.workers}-process compile pool: "
+                    + ", then ".join(str(part) for part in tuner.pool_parts))
     if tuner.stored:
         report.note(f"resumed: {len(tuner.stored)} trials were already stored")
     return history, tuner.watch.snapshot()

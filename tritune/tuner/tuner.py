@@ -11,7 +11,7 @@ from tritune.records.result import MeasureResult
 from tritune.schedules.config import Config
 from tritune.search.base import Strategy
 from tritune.tuner.breakdown import Stopwatch
-from tritune.tuner.builder import Builder
+from tritune.tuner.builder import Builder, PoolShares
 from tritune.tuner.measurer import Measurer
 from tritune.tuner.task import Task, best_of
 from tritune.tuner.worker.protocol import Runner
@@ -28,10 +28,12 @@ LAG_SHARE = 8
 
 
 def in_flight_target(workers: int, lanes: int, round_size: int, learned: int, trials: int) -> int:
-    """How many candidates to keep in flight: enough for every compile process to have one and
-    every measuring lane QUEUED_PER_LANE compiled and waiting, but no more than the results learned
-    so far (the first proposals rest on the prior alone) nor than 1/LAG_SHARE of the budget; never
-    less than a round (one is measured while the next is proposed)."""
+    """How many candidates to keep in flight: enough for each of the loop's `workers` compile
+    processes (the whole pool, or the loop's part of it where several loops share it:
+    `PoolShares`) to have one and every measuring lane (each device measuring this workload)
+    QUEUED_PER_LANE compiled and waiting, but no more than the results learned so far (the first
+    proposals rest on the prior alone) nor than 1/LAG_SHARE of the budget; never less than a round
+    (one is measured while the next is proposed)."""
     busy = workers + QUEUED_PER_LANE * lanes
     return max(round_size, min(busy, learned, trials // LAG_SHARE))
 
@@ -48,6 +50,11 @@ class Tuner:
     as the search quality allows (the model lags the candidates in flight behind, which the
     recorded-search tests hold to account). Candidates are measured as their compiles finish, so
     a slow compile holds up neither the GPU nor the next proposal.
+
+    Devices and pool: one workload measured on several devices (`run --devices all`) has a lane
+    per device, and its loop counts the whole pool once; several workloads tuned at once on one
+    pool (`tune-model --devices all`) each count their part of it (`Builder.shares`), so that
+    together they fill the pool and no more.
     """
 
     def __init__(self, task: Task, strategy: Strategy, builder: Builder, runner: Runner, db: Database,
@@ -64,9 +71,23 @@ class Tuner:
         self.per_device: Counter[str] = Counter()  # candidates this tuner measured on each GPU ("host:index")
         self.owner = owner_id()
         self.watch = Stopwatch()  # where the loop's time goes
+        self.pool_part: Callable[[], int] = lambda: self.builder.workers  # this loop's compile processes
+        self.pool_parts: list[int] = []  # the parts of the pool the loop counted, in turn (--verbose says them)
 
     def run(self, trials: int) -> list[MeasureResult]:
-        """Measure until the database holds `trials` for this task (resuming), or search stops."""
+        """Measure until the database holds `trials` for this task (resuming), or search stops;
+        meanwhile this loop counts its part of the compile pool (`Builder.shares`)."""
+        shares = getattr(self.builder, "shares", None)
+        if shares is None:  # a stand-in builder: a pool of its own
+            shares = PoolShares(lambda: self.builder.workers)
+        with shares.taken() as part:
+            self.pool_part = part
+            try:
+                return self._run(trials)
+            finally:
+                self.pool_part = lambda: self.builder.workers
+
+    def _run(self, trials: int) -> list[MeasureResult]:
         expr, device = self.task.expr, self.task.device
         self.db.add_workload(expr.key, expr.op, expr.dtype, expr.to_json())
         self.stored = self.db.trials(expr.key, device)
@@ -117,10 +138,15 @@ class Tuner:
         return min(self.batch_size, self.strategy.round_size or self.batch_size)
 
     def _target(self, learned: int, trials: int, measurer: Measurer) -> int:
-        """`in_flight_target` for this pool and the measurer's lanes now (a runner lent mid-run adds one)."""
+        """`in_flight_target` for this loop's part of the pool and the measurer's lanes (every device
+        measuring this workload) now: a runner lent mid-run adds a lane, a loop that ends gives the
+        others its part of the pool."""
         if self.in_flight is not None:
             return self.in_flight
-        return in_flight_target(self.builder.workers, measurer.lanes, self._round(), learned, trials)
+        part = self.pool_part()
+        if not self.pool_parts or self.pool_parts[-1] != part:
+            self.pool_parts.append(part)
+        return in_flight_target(part, measurer.lanes, self._round(), learned, trials)
 
     def _launch(self, n: int, measurer: Measurer) -> list[tuple[Config, Future]] | None:
         """Propose up to n configs and start them (`_start`); None when the strategy has nothing
