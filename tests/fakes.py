@@ -1,7 +1,7 @@
 """A builder and runner that replay a fixed table of outcomes, so the tuning loop runs without a GPU."""
 from tritune.records.result import MeasureResult, Status
 from tritune.tuner.breakdown import Stopwatch
-from tritune.tuner.builder import BuildResult
+from tritune.tuner.builder import BuildResult, PoolShares
 from tritune.tuner.worker.protocol import OneRunner
 
 
@@ -21,6 +21,7 @@ class FakeBuilder:
     def __init__(self):
         self.built = []
         self.watch = Stopwatch()
+        self.shares = PoolShares(lambda: self.workers)
 
     def spawn(self):
         pass

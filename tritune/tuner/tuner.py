@@ -11,7 +11,7 @@ from tritune.records.result import MeasureResult
 from tritune.schedules.config import Config
 from tritune.search.base import Strategy
 from tritune.tuner.breakdown import Stopwatch
-from tritune.tuner.builder import Builder, PoolShares
+from tritune.tuner.builder import Builder
 from tritune.tuner.measurer import Measurer
 from tritune.tuner.task import Task, best_of
 from tritune.tuner.worker.protocol import Runner
@@ -77,10 +77,7 @@ class Tuner:
     def run(self, trials: int) -> list[MeasureResult]:
         """Measure until the database holds `trials` for this task (resuming), or search stops;
         meanwhile this loop counts its part of the compile pool (`Builder.shares`)."""
-        shares = getattr(self.builder, "shares", None)
-        if shares is None:  # a stand-in builder: a pool of its own
-            shares = PoolShares(lambda: self.builder.workers)
-        with shares.taken() as part:
+        with self.builder.shares.taken() as part:
             self.pool_part = part
             try:
                 return self._run(trials)

@@ -115,10 +115,10 @@ class Site:
 
     def __call__(self, a: Any, b: Any, bias: Any, inputs: list, norm: Any = None) -> Any:
         expr, out = self.expr, self.empty_out(a, b)
-        inputs = _trailing(inputs, norm)
-        if not self.fits(a, b, out, bias, list(inputs[:len(expr.inputs)]), norm):
+        if not self.fits(a, b, out, bias, inputs, norm):
             _misfit(self)
-            return MATMUL.expression(expr)(a, b, out, bias, *inputs)
+            return MATMUL.expression(expr)(a, b, out, bias, *_trailing(inputs, norm))
+        inputs = _trailing(inputs, norm)  # the kernel takes the norm weight after the epilogue's inputs
         # split-K's scratch and the bias: what the kernel never touches is None, which Triton
         # specialises away (no allocation, no zeroing launch, no pointer to pass: each is host time
         # on every call of a compiled model)

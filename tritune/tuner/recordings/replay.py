@@ -7,7 +7,7 @@ from typing import Any, Sequence
 from tritune.records.result import MeasureResult
 from tritune.schedules.config import Config
 from tritune.tuner.breakdown import Stopwatch
-from tritune.tuner.builder import BuildResult
+from tritune.tuner.builder import BuildResult, PoolShares
 from tritune.tuner.recordings.format import Recording
 from tritune.tuner.timing import clearly_slower
 from tritune.tuner.worker.protocol import OneRunner
@@ -28,6 +28,7 @@ class RecordedBuilder:
 
     def __init__(self) -> None:
         self.watch = Stopwatch()
+        self.shares = PoolShares(lambda: self.workers)  # the tuning loops "compiling" here
 
     def submit(self, expr: Any, problem: object, configs: Sequence[Config]) -> list[_Done]:
         return [_Done(BuildResult(c, None, 0.0)) for c in configs]
