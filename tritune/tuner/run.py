@@ -114,7 +114,7 @@ def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Build
     start, watch = time.time(), Stopwatch()
     runner, builder = gpu
     before = [w.snapshot() for w in (runner.watch, builder.watch)]
-    _prepare_head_to_head(runner, expr)
+    runner.prepare_head_to_head(expr)  # the GPU's second worker compiles the alternatives meanwhile
     task = task or device_task(expr, runner.device_info())
     with watch("space and prior"):
         strategy = _strategy(task, db, options)
@@ -138,14 +138,6 @@ def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Build
     if options.verbose:
         report.timed(times)
     return {**_summary(expr, task, history, best, h2h, times["wall"]), "time": times}
-
-
-def _prepare_head_to_head(runner: Runner, expr: Any) -> None:
-    """Have the GPU's second worker compile the head-to-head's alternatives while the search runs
-    (local GPUs; a cluster's hosts and stand-in runners compile them at the end)."""
-    prepare = getattr(runner, "prepare_head_to_head", None)
-    if prepare is not None:
-        prepare(expr)
 
 
 def _strategy(task: Task, db: Database, options: TuneOptions) -> Strategy | None:

@@ -379,9 +379,7 @@ class Runners:
 
     def prepare_head_to_head(self, expr: Any) -> None:
         """Compile the head-to-head's alternatives ahead, on the device that will run it."""
-        prepare = getattr(self._first(), "prepare_head_to_head", None)
-        if prepare is not None:
-            prepare(expr)
+        self._first().prepare_head_to_head(expr)
 
     def _first(self) -> Any:
         """The first runner that is not lost (else the first: it says why)."""

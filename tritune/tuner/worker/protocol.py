@@ -42,6 +42,9 @@ class Runner(Protocol):
     def head_to_head(self, expr: Any, config: Config) -> dict:
         """The tuned best against every alternative of the expression, timed in turns."""
 
+    def prepare_head_to_head(self, expr: Any) -> None:
+        """Start compiling the head-to-head's alternatives while the search runs (where it can)."""
+
     def listen(self, listener: Callable[[Any], None]) -> None:
         """Be told of runners that join it mid-run (only a group gains any)."""
 
@@ -71,6 +74,9 @@ class OneRunner:
 
     def unlisten(self, listener: Callable[[Any], None]) -> None:
         """Nothing was listening."""
+
+    def prepare_head_to_head(self, expr: Any) -> None:
+        """Nothing compiled ahead: the head-to-head compiles its alternatives when it runs."""
 
     def close(self, now: bool = False) -> None:
         """Nothing to stop."""
