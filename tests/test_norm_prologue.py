@@ -123,6 +123,8 @@ def test_the_prologue_builds_for_sm90_tuned_and_replayed():
              (Matmul(16, 32000, 2048, trans_b=True, norm_eps=1e-6), DECODE.replace(TMA=1)),
              (Matmul(16, 32000, 2048, trans_b=True, norm_eps=1e-6, dtype="bf16"), DECODE.replace(PERSISTENT=1)),
              (Wide(16, (2048, 512, 512), 2048, norm_eps=1e-6, bias=True), DECODE.replace(TMA=1)),
+             (Wide(16, (2048, 512, 512), 2048, norm_eps=1e-6), DECODE.replace(SPLIT_K=4)),
+             (Wide(16, (2048, 512, 512), 2048, norm_eps=1e-6, dtype="bf16"), DECODE.replace(SPLIT_K=2, TMA=1)),
              (Gated(16, 5632, 2048, norm_eps=1e-6, dtype="bf16"), DECODE.replace(FUSE=1)),
              (Gated(16, 5632, 2048, norm_eps=1e-6), DECODE.replace(FUSE=0, TMA=1))]
     tuned = build_sm90(cases)
@@ -131,3 +133,7 @@ def test_the_prologue_builds_for_sm90_tuned_and_replayed():
     assert len(tuned) == len(cases) and len(replayed) == len(cases) - 1
     # the replayed kernels take the norm weight: it is no pointer they leave out
     assert all("G" not in (r["nones"] or []) for r in replayed)
+    # a split wide kernel's replay passes its scratch; an unsplit one leaves it out
+    wide = [(r, c) for r, (e, c) in zip(replayed, [(e, c) for e, c in cases if not c.get("PERSISTENT", 0)])
+            if e.op == "wide"]
+    assert len(wide) == 3 and all(("WS" in r["nones"]) == (c.get("SPLIT_K", 1) == 1) for r, c in wide)

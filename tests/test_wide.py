@@ -45,6 +45,40 @@ def test_tensor_descriptor_loads_match_the_reference(expr):
     assert err <= tol
 
 
+@pytest.mark.parametrize("expr,split", [
+    (Wide(37, (29, 13, 13), 150), 2), (Wide(5, (40, 24, 24), 300, bias=True), 4),
+    (Wide(16, (40, 24), 96, dtype="fp32", allow_tf32=False, trans_b=False), 3),
+    (Wide(5, (40, 24, 24), 300, bias=True, norm_eps=1e-5), 4),
+    (Wide(16, (64, 16, 16), 256, dtype="fp32", allow_tf32=False, norm_eps=1e-6), 2),
+], ids=lambda e: e.describe().replace(" ", "-") if isinstance(e, Wide) else f"split{e}")
+def test_split_k_matches_the_reference_launch_after_launch(expr, split):
+    """K slices finished by the in-kernel fixup (with a row norm: its partial sums of squares added
+    there too); a second launch finds the counters re-armed."""
+    x = WIDE.inputs(expr, 0, "cpu")
+    kernel = WIDE.kernel(expr, SMALL.replace(SPLIT_K=split, UNROLL=1), WIDE.problem_of(expr, x.args))
+    for _ in range(2):
+        x.out.fill_(float("nan"))
+        kernel(*x.args)
+        assert rel_error(x.out, WIDE.reference(expr, x.args)) <= WIDE.tolerance(expr)
+
+
+def test_split_k_without_the_sums_of_squares_of_the_other_slices_is_caught(monkeypatch):
+    from tritune.kernels.wide import template
+
+    plain = template._fixup(None)  # the fixup of an expression without a norm: tiles only
+    monkeypatch.setattr(template, "_fixup", lambda eps: {**plain, "fixup_out": "last"} if eps is None else
+                        {"fixup_out": "last", "fixup_call": plain["fixup_call"]})
+    err, tol = run_case(Wide(16, (64, 16, 16), 256, dtype="fp32", allow_tf32=False, norm_eps=1e-6),
+                        SMALL.replace(SPLIT_K=2, UNROLL=1))
+    assert err > tol
+
+
+def test_decode_splits_k_with_and_without_a_norm():
+    for expr in (Wide(16, (2048, 512, 512), 2048), Wide(16, (2048, 512, 512), 2048, norm_eps=1e-6)):
+        space = WIDE.space(expr, H100)
+        assert {space.config(int(i))["SPLIT_K"] for i in space.valid_indices} >= {1, 2, 4}
+
+
 @pytest.mark.parametrize("built", [Wide(20, (24, 24), 24, dtype="fp32", allow_tf32=False),  # no bias
                                    Wide(20, (24, 24), 24, dtype="fp32", allow_tf32=False, bias=True, trans_b=False)])
 def test_a_wrong_kernel_is_caught(built):
@@ -80,7 +114,7 @@ def test_the_concatenated_weight_follows_changes_to_the_weights():
 
 def test_the_space_has_the_plain_tiling_knobs_sized_by_the_widest_weight():
     space = WIDE.space(Wide(2048, (2048, 512, 512), 2048), H100)
-    assert [k.name for k in space.knobs] == [*TILING, "TMA"] and space.size > 0
+    assert [k.name for k in space.knobs] == [*TILING, "SPLIT_K", "TMA"] and space.size > 0
     configs = [space.config(int(i)) for i in space.valid_indices]
     assert {c["BLOCK_N"] for c in configs} >= {64, 128, 256} and {c["TMA"] for c in configs} == {0, 1}
     # tensor descriptors only where every row is 16-byte aligned: here one weight's [K, N] rows are not
@@ -128,7 +162,7 @@ def test_tune_cli_runs_wide_end_to_end(monkeypatch, tmp_path):
     out = json.loads(summary.read_text())
     expr = Wide(2048, (2048, 512, 512), 2048)
     assert out["workload"] == expr.to_dict() and out["trials"] == 20
-    assert set(out["best_config"]) == {*TILING, "TMA"} or "library" in out["best_config"]
+    assert set(out["best_config"]) == {*TILING, "SPLIT_K", "TMA"} or "library" in out["best_config"]
 
 
 def test_the_replayed_op_loads_through_descriptors_where_the_operands_allow(monkeypatch):

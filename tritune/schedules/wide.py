@@ -1,5 +1,6 @@
 """The schedule space of the wide-GEMM template: the contraction space's plain tiling knobs (one
-program per output tile of every weight) and tensor-descriptor loads, sized by the widest weight."""
+program per output tile of every weight), split-K and tensor-descriptor loads, sized by the widest
+weight."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -13,7 +14,8 @@ def wide_space(m: int, ns: Sequence[int], k: int, element_bytes: int, limits: Li
     """The space of x [M, K] times weights of widths `ns`. A tile is no wider than the widest weight
     needs; the GPU-filling rule sees that weight's tiles alone, so it keeps smaller tiles than the
     whole grid would (never prunes a tile the wide grid needs). `tma`: whether the operands' layout
-    allows tensor-descriptor loads."""
+    allows tensor-descriptor loads. Split-K as the contraction space has it (the same rule sees the
+    widest weight's tiles: it keeps splits of a grid that is short of the GPU, as decode's is)."""
     base = contraction_space(m, max(ns), k, element_bytes, limits, tma=int(tma))
-    base = base.without([knob.name for knob in base.knobs if knob.name not in TILING])
+    base = base.without([knob.name for knob in base.knobs if knob.name not in (*TILING, "SPLIT_K")])
     return Space((*base.knobs, TMA), base.constraints)

@@ -208,7 +208,9 @@ class WideSite(_OneKernel):
             _misfit(self)
             return products(expr, x, *ws, *outs, *bs, *_trailing((), norm))
         ints = dict(zip(wide_launch.template.int_names(expr), wide_launch.ints_of(expr, x, ws, outs, bs)))
-        self.run(x, *ws, *outs, *bs, *_trailing((), norm), **ints)
+        # split-K's scratch, None unsplit (specialised away: no allocation, no zeroing launch)
+        scratch = wide_launch.scratch(expr, self.config, x) if self.config.get("SPLIT_K", 1) > 1 else (None, None)
+        self.run(x, *ws, *outs, *bs, *_trailing((), norm), *scratch, **ints)
         return outs
 
     def fits(self, x: Any, ws: list, outs: list, bs: list) -> bool:

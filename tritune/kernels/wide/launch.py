@@ -2,7 +2,8 @@
 holds the ints and pointer alignment a binary assumes).
 
 A launch takes (x, W_1.., out_1.., [b_1..][, g]): the weights as stored ([N_i, K], or [K, N_i]), one
-output [M, N_i] each (any strides), the biases [N_i] with a bias, a row norm's weight [K] with one."""
+output [M, N_i] each (any strides), the biases [N_i] with a bias, a row norm's weight [K] with one.
+The kernel then takes split-K's scratch (`scratch`), which a launcher allocates once."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from tritune.schedules.config import Config
 # Replay's last resort: valid for any wide GEMM.
 DEFAULT = Config.of(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3, UNROLL=1)
 # the contraction template's constexprs this template takes too
-SHARED_CONSTS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "UNROLL", "EVEN_K", "DOT_PRECISION", "TMA")
+SHARED_CONSTS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "UNROLL", "EVEN_K", "DOT_PRECISION", "TMA", "SPLIT_K")
 
 
 @dataclass(frozen=True)
@@ -122,25 +123,55 @@ def binary(expr: Wide, config: Config, problem: Problem) -> Binary:
     """What the candidate's binary is built from, ints specialised as the matmul family does."""
     names = ("X", *template.pointer_names(expr))
     pointers = tuple((name, expr.dtype, aligned) for name, aligned in zip(names, problem.aligned))
+    pointers += (("WS", "fp32", True), ("LOCKS", "i32", True))
     ints = tuple((name, v, divisibility(v)) for name, v in zip(template.int_names(expr), problem.ints))
     options = (("num_warps", config["num_warps"]), ("num_stages", config["num_stages"]))
     return Binary(template.load(expr), pointers, ints, tuple(constexprs(expr, config).items()), options)
 
 
+def tiles(expr: Wide, config: Config) -> int:
+    """Output tiles of every segment together."""
+    return -(-expr.m // config["BLOCK_M"]) * ends(expr, config["BLOCK_N"])[-1]
+
+
 def grid(expr: Wide, config: Config) -> tuple[int, int, int]:
-    """Launch grid: one program per output tile of every segment."""
-    return (-(-expr.m // config["BLOCK_M"]) * ends(expr, config["BLOCK_N"])[-1], 1, 1)
+    """Launch grid: one program per output tile of every segment (and K slice)."""
+    return (tiles(expr, config), 1, config.get("SPLIT_K", 1))
+
+
+def scratch_sizes(expr: Wide, config: Config) -> tuple[int, int]:
+    """Split-K's scratch: fp32 elements of the partial tiles (and, with a row norm, of the partial
+    sums of squares after them), and the tiles' arrival counters (int32, zero before the first
+    launch; the kernel re-arms them); (0, 0) unsplit."""
+    split = config.get("SPLIT_K", 1)
+    if split == 1:
+        return 0, 0
+    rows = config["BLOCK_M"] if expr.norm_eps is not None else 0
+    return tiles(expr, config) * split * (config["BLOCK_M"] * config["BLOCK_N"] + rows), tiles(expr, config)
+
+
+def scratch(expr: Wide, config: Config, like: Any) -> tuple[Any, Any]:
+    """Split-K's scratch on `like`'s device (one element each unsplit: never read)."""
+    import torch
+
+    elements, counters = scratch_sizes(expr, config)
+    return like.new_empty(max(elements, 1), dtype=torch.float32), like.new_zeros(max(counters, 1), dtype=torch.int32)
 
 
 def launcher(expr: Wide, config: Config, problem: Problem, target: Any = None) -> Callable[..., None]:
-    """The candidate bound to one problem: call it with (x, W_1.., out_1.., [b_1..]) to launch once;
-    ValueError for tensor-descriptor loads of operands they cannot read."""
+    """The candidate bound to one problem: call it with (x, W_1.., out_1.., [b_1..][, g]) to launch
+    once; ValueError for tensor-descriptor loads of operands they cannot read. A split-K candidate
+    owns its scratch: its launches must not overlap on different streams."""
     ready_for_tma(config, lambda: tma_unfit(expr, problem))
     launch = Launcher(binary(expr, config, problem), grid(expr, config), target)
+    owned: list = []  # split-K's scratch, allocated at the first launch (on its operands' device)
 
     def run(*args: Any) -> None:
         x, ws, cs, bs = split(expr, args)
         g = norm_weight(expr, args)
+        if not owned:
+            owned.extend(scratch(expr, config, x))
         # the outputs stand in for absent biases
-        launch(x, *ws, *cs, *(cs if not expr.bias else bs), *(() if g is None else (g,)))
+        launch(x, *ws, *cs, *(cs if not expr.bias else bs), *(() if g is None else (g,)), *owned)
     return run
+

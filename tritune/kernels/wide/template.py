@@ -5,7 +5,9 @@ every GEMM here; a program finds its weight from its N-tile index by an if/elif 
 segments' tile boundaries (constexprs), so no tile straddles two weights. The chain picks that
 segment's weight, output, bias, width and strides; one tile of that product follows, by the
 contraction template's own main loop (plain or, TMA=1, tensor-descriptor loads) and epilogue
-(its bias only).
+(its bias only). SPLIT_K > 1 splits each tile's K loop over that many programs, finished by the
+contraction template's in-kernel fixup; with a row norm the slices' sums of squares are added up
+there too, before the rows are scaled (decode's q/k/v: few tiles, so the K slices fill the GPU).
 """
 from __future__ import annotations
 
@@ -25,12 +27,29 @@ SEGMENT_INTS = ("N{i}", "stride_w{i}k", "stride_w{i}n", "stride_c{i}m", "stride_
 _KERNEL = '''
 
 @triton.jit
+def _split_fixup_rows(acc, ss, WS, LOCKS, slot, split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      SPLIT_K: tl.constexpr):
+    # _split_fixup with a row norm: each K slice also parks its rows' partial sums of squares
+    # (after every slot's tiles), and the last one adds both up before the rows are scaled
+    tile_elems: tl.constexpr = BLOCK_M * BLOCK_N
+    rows = tl.arange(0, BLOCK_M)
+    base = WS + tl.num_programs(0).to(tl.int64) * (SPLIT_K * tile_elems) + slot.to(tl.int64) * (SPLIT_K * BLOCK_M)
+    tl.store(base + split * BLOCK_M + rows, ss)
+    acc, last = _split_fixup(acc, WS, LOCKS, slot, split, BLOCK_M, BLOCK_N, SPLIT_K)
+    if last:
+        for s in tl.static_range(SPLIT_K):
+            if s != split:
+                ss += tl.load(base + s * BLOCK_M + rows, cache_modifier=".cg")
+    return acc, ss, last
+
+
+@triton.jit
 def {name}(
-    X, {pointers},
+    X, {pointers}, WS, LOCKS,
 {int_params}
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
-    {ends},
+    SPLIT_K: tl.constexpr, {ends},
 ):
     # {description}
     pid_m, pid_n = _tile_of(tl.program_id(0), tl.cdiv(M, BLOCK_M), END{last}, GROUP_M)
@@ -43,10 +62,20 @@ def {name}(
         {w_desc}
     else:
         x_desc, w_desc = X, W  # stand-ins, never read without TMA
-    acc{norm_returned} = _mainloop(X, W, x_desc, w_desc, 0, pid_m, pid_n, 0, tl.cdiv(K, BLOCK_K), M, N, K, 0, stride_xm,
-                    stride_xk, 0, stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K, DOT_PRECISION,
-                    TMA, 0{norm_arg})
-{norm_scale}    _finish(acc, C, B, 0, pid_m, pid_n, M, N, 0, stride_cm, stride_cn, stride_b, BLOCK_M, BLOCK_N, 0)
+    # split-K: K slice `split` of the tile; the slice arriving last finishes it (_split_fixup)
+    split = tl.program_id(2)
+    k_iters = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_iters, SPLIT_K)
+    k_lo = split * per_split
+    acc{norm_returned} = _mainloop(X, W, x_desc, w_desc, 0, pid_m, pid_n, k_lo, tl.minimum(k_lo + per_split, k_iters), M,
+                    N, K, 0, stride_xm, stride_xk, 0, stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K,
+                    DOT_PRECISION, TMA, 0{norm_arg})
+    if SPLIT_K > 1:
+        acc, {fixup_out} = {fixup_call}
+        if last:
+{norm_scale_split}            _finish(acc, C, B, 0, pid_m, pid_n, M, N, 0, stride_cm, stride_cn, stride_b, BLOCK_M, BLOCK_N, 0)
+    else:
+{norm_scale}        _finish(acc, C, B, 0, pid_m, pid_n, M, N, 0, stride_cm, stride_cn, stride_b, BLOCK_M, BLOCK_N, 0)
 '''
 
 _BRANCH = '''\
@@ -63,7 +92,8 @@ def int_names(expr: Wide) -> tuple[str, ...]:
 
 
 def pointer_names(expr: Wide) -> tuple[str, ...]:
-    """The kernel's pointers after X: the weights, the outputs, the biases (then a row norm's weight)."""
+    """The kernel's pointers after X: the weights, the outputs, the biases (then a row norm's weight;
+    then split-K's scratch, WS and LOCKS, which are not the expression's operands)."""
     return tuple(f"{kind}{i}" for kind in "WCB" for i in range(len(expr.ns))) + (("G",) if expr.norm_eps else ())
 
 
@@ -91,7 +121,17 @@ def source(expr: Wide, specialize: bool = False) -> str:
         ends=", ".join(f"END{i}: tl.constexpr" for i in range(count)), last=count - 1,
         branches=_branches(count), w_desc=weight_descriptor(expr.trans_b, "W", "w_desc"),
         norm_returned=norm.returned(expr.norm_eps), norm_arg=norm.param(expr.norm_eps),
-        norm_scale=norm.scale(expr.norm_eps, ("acc",), "    "))
+        norm_scale=norm.scale(expr.norm_eps, ("acc",), " " * 8),
+        norm_scale_split=norm.scale(expr.norm_eps, ("acc",), " " * 12), **_fixup(expr.norm_eps))
+
+
+def _fixup(norm_eps: float | None) -> dict[str, str]:
+    """The split-K fixup's call: with a row norm, the partial sums of squares are added up too."""
+    if norm_eps is None:
+        return {"fixup_out": "last", "fixup_call": "_split_fixup(acc, WS, LOCKS, tl.program_id(0), split, BLOCK_M, BLOCK_N, "
+                "SPLIT_K)"}
+    return {"fixup_out": "ss, last", "fixup_call": "_split_fixup_rows(acc, ss, WS, LOCKS, tl.program_id(0), split, BLOCK_M, "
+            "BLOCK_N, SPLIT_K)"}
 
 
 def load(expr: Wide, specialize: bool = False) -> Any:
