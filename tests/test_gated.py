@@ -63,6 +63,32 @@ def test_tensor_descriptors_only_where_rows_are_16_byte_aligned():
         GATED.kernel(expr, SMALL.replace(TMA=1), problem)
 
 
+@pytest.mark.parametrize("expr,split,fuse", [
+    (Gated(5, 40, 300, bias=True), 4, 1), (Gated(7, 33, 200, dtype="fp32", allow_tf32=False, trans_b=False, bias=True), 3, 0),
+    (Gated(5, 40, 300, bias=True, norm_eps=1e-5), 3, 0), (Gated(16, 40, 256, norm_eps=1e-6), 2, 1),
+    (Gated(16, 40, 256, dtype="fp32", allow_tf32=False, norm_eps=1e-6), 4, 0),
+], ids=lambda e: e.describe().replace(" ", "-") if isinstance(e, Gated) else str(e))
+def test_split_k_matches_the_reference_launch_after_launch(expr, split, fuse):
+    """K slices of both products finished by the in-kernel fixup (with a row norm: the slices'
+    sums of squares added there too); a second launch finds the counters re-armed."""
+    x = GATED.inputs(expr, 0, "cpu")
+    kernel = GATED.kernel(expr, SMALL.replace(SPLIT_K=split, FUSE=fuse, UNROLL=1), GATED.problem_of(expr, x.args))
+    for _ in range(2):
+        x.out.fill_(float("nan"))
+        kernel(*x.args)
+        assert rel_error(x.out, GATED.reference(expr, x.args)) <= GATED.tolerance(expr)
+
+
+def test_split_k_without_the_sums_of_squares_of_the_other_slices_is_caught(monkeypatch):
+    from tritune.kernels.gated import template
+
+    real = template._fixup
+    monkeypatch.setattr(template, "_fixup", lambda eps: {**real(eps), "fixup_ss_add": ""})
+    err, tol = run_case(Gated(16, 40, 256, dtype="fp32", allow_tf32=False, norm_eps=1e-6),
+                        SMALL.replace(SPLIT_K=2, UNROLL=1))
+    assert err > tol
+
+
 def test_a_wrong_activation_is_caught():
     expr = Gated(20, 24, 20, dtype="fp32", activation="silu")
     err, tol = run_case(expr, SMALL, kernel_expr=Gated(20, 24, 20, dtype="fp32", activation="gelu"))
@@ -97,6 +123,8 @@ def test_the_space_pairs_tiles_with_two_accumulators_and_fuses_16_bit_tiles_only
     space = GATED.space(Gated(2048, 8192, 2048), H100)
     configs = [space.config(int(i)) for i in space.valid_indices]
     assert {c["FUSE"] for c in configs} == {0, 1}
+    decode = GATED.space(Gated(16, 5632, 2048, norm_eps=1e-6), H100)
+    assert {decode.config(int(i))["SPLIT_K"] for i in decode.valid_indices} >= {1, 2, 4}  # a short grid splits K
     assert all(shared_estimate(c, 2, 2) <= H100.shared_bytes for c in configs)
     assert all(2 * c["BLOCK_M"] * c["BLOCK_N"] // (32 * c["num_warps"]) <= 128 for c in configs)
     assert not any(c["FUSE"] and c["BLOCK_N"] > 128 for c in configs)

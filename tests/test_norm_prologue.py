@@ -126,14 +126,16 @@ def test_the_prologue_builds_for_sm90_tuned_and_replayed():
              (Wide(16, (2048, 512, 512), 2048, norm_eps=1e-6), DECODE.replace(SPLIT_K=4)),
              (Wide(16, (2048, 512, 512), 2048, norm_eps=1e-6, dtype="bf16"), DECODE.replace(SPLIT_K=2, TMA=1)),
              (Gated(16, 5632, 2048, norm_eps=1e-6, dtype="bf16"), DECODE.replace(FUSE=1)),
-             (Gated(16, 5632, 2048, norm_eps=1e-6), DECODE.replace(FUSE=0, TMA=1))]
+             (Gated(16, 5632, 2048, norm_eps=1e-6), DECODE.replace(FUSE=0, TMA=1)),
+             (Gated(16, 5632, 2048, norm_eps=1e-6), DECODE.replace(FUSE=1, SPLIT_K=4)),
+             (Gated(16, 5632, 2048, norm_eps=1e-6, dtype="bf16"), DECODE.replace(FUSE=0, TMA=1, SPLIT_K=2))]
     tuned = build_sm90(cases)
     # (a replayed persistent grid asks the GPU for its SM count: left out here)
     replayed = build_sm90([(e, c) for e, c in cases if not c.get("PERSISTENT", 0)], replay=True)
     assert len(tuned) == len(cases) and len(replayed) == len(cases) - 1
     # the replayed kernels take the norm weight: it is no pointer they leave out
     assert all("G" not in (r["nones"] or []) for r in replayed)
-    # a split wide kernel's replay passes its scratch; an unsplit one leaves it out
-    wide = [(r, c) for r, (e, c) in zip(replayed, [(e, c) for e, c in cases if not c.get("PERSISTENT", 0)])
-            if e.op == "wide"]
-    assert len(wide) == 3 and all(("WS" in r["nones"]) == (c.get("SPLIT_K", 1) == 1) for r, c in wide)
+    # a split wide or gated kernel's replay passes its scratch; an unsplit one leaves it out
+    split = [(r, c) for r, (e, c) in zip(replayed, [(e, c) for e, c in cases if not c.get("PERSISTENT", 0)])
+             if e.op in ("wide", "gated")]
+    assert len(split) == 7 and all(("WS" in r["nones"]) == (c.get("SPLIT_K", 1) == 1) for r, c in split)

@@ -4,6 +4,7 @@ awkward shapes, layouts, batch and every epilogue (general ones with every extra
 residual, row and column vectors, constants, a nested chain); every knob of the contraction
 template (split-K, TMA loads, the persistent loop, warp specialisation) with them; the gated dual
 GEMM with every activation, both ways of feeding its MMA (FUSE), both weight layouts and biases;
+split-K in the wide and gated kernels at decode sizes, with and without a row norm;
 the other families' examples with a few seeded random configs of their space; and every library
 candidate. Each case is (expression, config); the lists are built the same way every run."""
 import itertools
@@ -14,6 +15,7 @@ from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.epilogue import BiasAdd, Binary, Clamp, Gelu, Input, Relu, Scale, Unary
 from tritune.kernels.family import REGISTRY, family
 from tritune.kernels.gated.expr import ACTIVATIONS, Gated
+from tritune.kernels.wide.expr import Wide
 from tritune.records.database import Database
 from tritune.records.result import MeasureResult, Status
 from tritune.schedules.config import Config
@@ -112,6 +114,19 @@ def family_cases(limits: Limits, per_expr: int = PER_EXPR) -> list:
     tma = TILE.replace(BLOCK_N=64, UNROLL=1, TMA=1)
     out += [(Gated(1000, 520, 1576, dtype, act, trans_b=t, bias=t), tma.replace(FUSE=f))
             for (dtype, act, t), f in itertools.product((("fp16", "silu", True), ("bf16", "gelu_tanh", False)), (0, 1))]
+    return out + split_cases()
+
+
+def split_cases() -> list:
+    """Split-K in the wide and gated kernels at decode sizes (a row, 16 rows), with and without a
+    row norm, every dtype, pointer and tensor-descriptor loads, both ways of feeding the gated MMA."""
+    out = []
+    loads = itertools.cycle(({}, dict(TMA=1)))
+    for m, dtype, norm in itertools.product((1, 16), ("fp16", "bf16", "fp32"), (None, 1e-6)):
+        tile = SMALL.replace(UNROLL=1, BLOCK_K=32 if dtype == "fp32" else 128, **next(loads))
+        out.append((Wide(m, (2048, 512, 512), 2048, dtype=dtype, bias=m == 16, norm_eps=norm), tile.replace(SPLIT_K=4)))
+        for fuse in (0, 1) if dtype != "fp32" else (0,):
+            out.append((Gated(m, 1000, 2048, dtype=dtype, bias=m == 1, norm_eps=norm), tile.replace(SPLIT_K=3, FUSE=fuse)))
     return out
 
 

@@ -7,8 +7,8 @@ from tritune.schedules.config import Config
 from tritune.schedules.contraction import contraction_space, shared_estimate, wgmma
 from tritune.schedules.space import Knob, Limits, Space, reads
 
-# Knobs of the contraction space the gated template reads (no split-K, persistent loop or warp
-# specialisation: one program per output tile)
+# Knobs of the contraction space the gated template reads (and its split-K; no persistent loop
+# or warp specialisation: one program per output tile and K slice)
 TILING = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "UNROLL")
 TMA = Knob("TMA", (0, 1))  # tensor-descriptor loads of x and both weights (no TMA store here)
 # 0: two MMAs per step, one per weight tile, into two accumulators; 1: the two tiles joined into
@@ -23,7 +23,7 @@ def gated_space(m: int, n: int, k: int, element_bytes: int, limits: Limits, tma:
     whether the operands' layout allows tensor-descriptor loads; `rows_aligned`: whether the
     weights' rows (as stored) start 16 bytes apart."""
     base = contraction_space(m, n, k, element_bytes, limits, tma=int(tma), b_tiles=2)
-    base = base.without([knob.name for knob in base.knobs if knob.name not in TILING])
+    base = base.without([knob.name for knob in base.knobs if knob.name not in (*TILING, "SPLIT_K")])
 
     @reads(*TILING, "FUSE", "TMA")
     def fused(c: Config) -> str | None:

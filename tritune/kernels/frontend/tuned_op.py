@@ -174,7 +174,10 @@ class GatedSite(_OneKernel):
             _misfit(self)
             return GATED.expression(expr)(x, w1, w2, out, b1, b2, *_trailing((), norm))
         ints = dict(zip(gated_launch.INTS, gated_launch.ints_of(expr, x, w1, w2, out, b1, b2)))
-        self.run(x, w1, w2, out, b1 if expr.bias else None, b2 if expr.bias else None, *_trailing((), norm), **ints)
+        # split-K's scratch, None unsplit (specialised away: no allocation, no zeroing launch)
+        scratch = gated_launch.scratch(expr, self.config, x) if self.config.get("SPLIT_K", 1) > 1 else (None, None)
+        self.run(x, w1, w2, out, b1 if expr.bias else None, b2 if expr.bias else None, *_trailing((), norm), *scratch,
+                 **ints)
         return out
 
     def fits(self, x: Any, w1: Any, w2: Any, out: Any, b1: Any, b2: Any) -> bool:

@@ -69,7 +69,7 @@ def constexprs(expr: Gated, config: Config) -> dict[str, Any]:
     """Compile-time parameters of the template for one config (TMA, added later, defaults off)."""
     return {
         **{knob: config[knob] for knob in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "UNROLL", "FUSE")},
-        "TMA": config.get("TMA", 0),
+        "TMA": config.get("TMA", 0), "SPLIT_K": config.get("SPLIT_K", 1),
         "EVEN_K": expr.k % config["BLOCK_K"] == 0,
         "DOT_PRECISION": "ieee" if expr.dtype == "fp32" and not expr.tf32 else "tf32",
     }
@@ -78,24 +78,46 @@ def constexprs(expr: Gated, config: Config) -> dict[str, Any]:
 def binary(expr: Gated, config: Config, problem: Problem) -> Binary:
     """What the candidate's binary is built from, ints specialised as the matmul family does."""
     pointers = tuple((name, expr.dtype, aligned) for name, aligned in zip(POINTERS, problem.aligned))
+    pointers += (("WS", "fp32", True), ("LOCKS", "i32", True))
     ints = tuple((name, v, divisibility(v)) for name, v in zip(INTS, problem.ints))
     options = (("num_warps", config["num_warps"]), ("num_stages", config["num_stages"]))
     return Binary(template.load(expr), pointers, ints, tuple(constexprs(expr, config).items()), options)
 
 
+def tiles(expr: Gated, config: Config) -> int:
+    """Output tiles."""
+    return -(-expr.m // config["BLOCK_M"]) * -(-expr.n // config["BLOCK_N"])
+
+
 def grid(expr: Gated, config: Config) -> tuple[int, int, int]:
-    """Launch grid: one program per output tile."""
-    return (-(-expr.m // config["BLOCK_M"]) * -(-expr.n // config["BLOCK_N"]), 1, 1)
+    """Launch grid: one program per output tile (and K slice)."""
+    return (tiles(expr, config), 1, config.get("SPLIT_K", 1))
+
+
+def scratch(expr: Gated, config: Config, like: Any) -> tuple[Any, Any]:
+    """Split-K's scratch on `like`'s device: each slice's fp32 partial tiles of both products and
+    its rows' sums of squares, per tile, and the tiles' arrival counters (int32, zero before the
+    first launch; the kernel re-arms them); one element each unsplit (never read)."""
+    import torch
+
+    split, bm = config.get("SPLIT_K", 1), config["BLOCK_M"]
+    count = tiles(expr, config) if split > 1 else 0
+    elements = count * split * (2 * bm * config["BLOCK_N"] + bm)
+    return like.new_empty(max(elements, 1), dtype=torch.float32), like.new_zeros(max(count, 1), dtype=torch.int32)
 
 
 def launcher(expr: Gated, config: Config, problem: Problem, target: Any = None) -> Callable[..., None]:
     """The candidate bound to one problem: call it with (x, w1, w2, out[, b1, b2][, g]) to launch
     once (b1, b2 None without biases where a row norm's weight g follows); ValueError for
-    tensor-descriptor loads of operands they cannot read."""
+    tensor-descriptor loads of operands they cannot read. A split-K candidate owns its scratch:
+    its launches must not overlap on different streams."""
     ready_for_tma(config, lambda: tma_unfit(expr, problem))
     launch = Launcher(binary(expr, config, problem), grid(expr, config), target)
     bias = expr.bias
+    owned: list = []  # split-K's scratch, allocated at the first launch (on its operands' device)
 
     def run(x: Any, w1: Any, w2: Any, c: Any, b1: Any = None, b2: Any = None, g: Any = None) -> None:
-        launch(x, w1, w2, c, b1 if bias else c, b2 if bias else c, *(() if g is None else (g,)))
+        if not owned:
+            owned.extend(scratch(expr, config, x))
+        launch(x, w1, w2, c, b1 if bias else c, b2 if bias else c, *(() if g is None else (g,)), *owned)
     return run

@@ -5,7 +5,9 @@ step loads the x tile once and the W1 and W2 tiles beside it, with pointer loads
 tensor descriptors, which fetch whole tiles through the TMA unit (zero-filled past the edges).
 FUSE=0 feeds two accumulators with two MMAs; FUSE=1 joins the two weight tiles into one [BLOCK_K, 2*BLOCK_N] tile (columns
 interleaved: g0 u0 g1 u1 ...) and issues one MMA twice as wide, split again after the loop. The
-bias, the activation and the product run on the fp32 tiles before the one store.
+bias, the activation and the product run on the fp32 tiles before the one store. SPLIT_K > 1
+splits the K loop over that many programs per tile; the last to arrive adds the others' partial
+tiles (and, with a row norm, their rows' sums of squares) and finishes the tile.
 """
 from __future__ import annotations
 
@@ -24,22 +26,53 @@ INT_NAMES = ("M", "N", "K", "stride_xm", "stride_xk", "stride_wk", "stride_wn", 
 _TEMPLATE = PRELUDE + '''
 
 @triton.jit
+def _split_fixup_pair(g, u, WS, LOCKS, slot, split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      SPLIT_K: tl.constexpr{fixup_ss_param}):
+    # Each K slice parks its fp32 partial tiles of both products{fixup_ss_doc}; the slice that arrives
+    # last adds the others in and finishes the tile, then re-arms the tile's counter for the next launch.
+    tile_elems: tl.constexpr = BLOCK_M * BLOCK_N
+    part: tl.constexpr = 2 * tile_elems + BLOCK_M  # one slice's tiles (and rows' sums of squares)
+    offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    rows = tl.arange(0, BLOCK_M)
+    base = WS + slot.to(tl.int64) * (SPLIT_K * part)
+    tl.store(base + split * part + offs, g)
+    tl.store(base + split * part + tile_elems + offs, u)
+{fixup_ss_store}    tl.debug_barrier()  # every thread's partials are stored before the counter says so
+    arrived = tl.atomic_add(LOCKS + slot, 1, sem="acq_rel")
+    last = arrived == SPLIT_K - 1
+    if last:
+        tl.debug_barrier()
+        for s in tl.static_range(SPLIT_K):
+            if s != split:
+                g += tl.load(base + s * part + offs, cache_modifier=".cg")
+                u += tl.load(base + s * part + tile_elems + offs, cache_modifier=".cg")
+{fixup_ss_add}        tl.store(LOCKS + slot, 0)
+    return g, u{fixup_ss_ret}, last
+
+
+@triton.jit
 def {name}(
-    X, W1, W2, C, B1, B2,{norm_pointer}
+    X, W1, W2, C, B1, B2,{norm_pointer} WS, LOCKS,
 {int_params}
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSE: tl.constexpr,
-    TMA: tl.constexpr,
+    TMA: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
     # {description}
     pid_m, pid_n = _tile_of(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
+    # split-K: this program walks K slice `split`; the slice arriving last finishes the tile
+    split = tl.program_id(2)
+    k_iters = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_iters, SPLIT_K)
+    k_lo = split * per_split
+    k_first = k_lo * BLOCK_K + offs_k
     # rows/columns past the edge wrap onto valid ones, so the K loop needs no M/N masks; the
     # store is masked, so the duplicates are never written
-    x_ptrs = X + (offs_m % M)[:, None] * stride_xm + offs_k[None, :] * stride_xk
-    w_offs = offs_k[:, None] * stride_wk + (offs_n % N)[None, :] * stride_wn
+    x_ptrs = X + (offs_m % M)[:, None] * stride_xm + k_first[None, :] * stride_xk
+    w_offs = k_first[:, None] * stride_wk + (offs_n % N)[None, :] * stride_wn
     if TMA:
         # x row-major; the weights as stored ([N, K] tiles flipped after the load, or [K, N])
         x_desc = tl.make_tensor_descriptor(X, shape=[M, K], strides=[stride_xm, 1], block_shape=[BLOCK_M, BLOCK_K])
@@ -49,7 +82,7 @@ def {name}(
     else:
         g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-{norm_init}    for k in tl.range(0, tl.cdiv(K, BLOCK_K), loop_unroll_factor=UNROLL):
+{norm_init}    for k in tl.range(k_lo, tl.minimum(k_lo + per_split, k_iters), loop_unroll_factor=UNROLL):
         if TMA:
             x = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
 {w_loads}
@@ -72,14 +105,20 @@ def {name}(
         w_offs += BLOCK_K * stride_wk
     if FUSE:
         g, u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
+    if SPLIT_K > 1:
+        g, u{fixup_ss_ret}, last = _split_fixup_pair(g, u, WS, LOCKS, tl.program_id(0), split, BLOCK_M, BLOCK_N,
+                                       SPLIT_K{fixup_ss_arg})
+    else:
+        last = True
+    if last:
 {norm_scale}{bias}{activation}
-    c_ptrs = C + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(c_ptrs, (g * u).to(C.dtype.element_ty), mask=mask)
+        c_ptrs = C + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        tl.store(c_ptrs, (g * u).to(C.dtype.element_ty), mask=mask)
 '''
 
-_BIAS = ("    g += tl.load(B1 + offs_n * stride_b, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]\n"
-         "    u += tl.load(B2 + offs_n * stride_b, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]\n")
+_BIAS = ("        g += tl.load(B1 + offs_n * stride_b, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]\n"
+         "        u += tl.load(B2 + offs_n * stride_b, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]\n")
 
 
 # Loads of the weight tiles through their descriptors: [N, K] tiles flipped, or [K, N]
@@ -98,10 +137,21 @@ def source(expr: Gated, specialize: bool = False) -> str:
     return _TEMPLATE.format(name=KERNEL_NAME, description=expr.describe(), bias=_BIAS if expr.bias else "",
                             w_descs=w_descs, w_loads=w_loads,
                             int_params="    " + " ".join(f"{n}{kind}," for n in INT_NAMES),
-                            activation="".join(f"    {line}\n" for line in emit.lines),
+                            activation="".join(f"        {line}\n" for line in emit.lines),
                             norm_pointer="" if expr.norm_eps is None else " G,",
                             norm_init=norm.init(expr.norm_eps, "    "), norm_apply=norm.apply(expr.norm_eps, "x", " " * 8),
-                            norm_scale=norm.scale(expr.norm_eps, ("g", "u"), "    "))
+                            norm_scale=norm.scale(expr.norm_eps, ("g", "u"), " " * 8), **_fixup(expr.norm_eps))
+
+
+def _fixup(norm_eps: float | None) -> dict[str, str]:
+    """The split-K fixup's parts for the rows' sums of squares of a row norm (empty without one)."""
+    if norm_eps is None:
+        return dict.fromkeys(("fixup_ss_param", "fixup_ss_doc", "fixup_ss_store", "fixup_ss_add", "fixup_ss_ret",
+                              "fixup_ss_arg"), "")
+    return {"fixup_ss_param": ", ss", "fixup_ss_doc": " and its rows' partial sums of squares",
+            "fixup_ss_store": "    tl.store(base + split * part + 2 * tile_elems + rows, ss)\n",
+            "fixup_ss_add": " " * 16 + "ss += tl.load(base + s * part + 2 * tile_elems + rows, cache_modifier=\".cg\")\n",
+            "fixup_ss_ret": ", ss", "fixup_ss_arg": ", ss"}
 
 
 def load(expr: Gated, specialize: bool = False) -> Any:
