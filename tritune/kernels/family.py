@@ -32,6 +32,7 @@ REGISTRY = {
     "layernorm": "tritune.kernels.rows.family:LAYERNORM",
     "gated": "tritune.kernels.gated.family:GATED",
     "wide": "tritune.kernels.wide.family:WIDE",
+    "attention": "tritune.kernels.attention.family:ATTENTION",
 }
 # files of tritune/kernels that shape every family's binaries
 SHARED_SOURCES = ("codegen.py", "expr.py", "epilogue.py")

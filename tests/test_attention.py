@@ -1,0 +1,130 @@
+"""The attention family: few query rows against any number of keys, checked against float64 under
+the interpreter at awkward shapes in every path (MMA and broadcast products, key tails, padded head
+dims, masks broadcast over batch and heads, boolean and additive, causal, fully masked rows); a
+kernel without the online softmax's rescale is caught; the space prunes what cannot run well; every
+knob builds for sm_90."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cases import run_case
+from test_codegen_sm90 import build_sm90
+
+from tritune.kernels.attention import template
+from tritune.kernels.attention.expr import Attention
+from tritune.kernels.expr import ExprError
+from tritune.kernels.family import family
+from tritune.schedules.config import Config
+from tritune.schedules.space import Limits
+from tritune.tuner.worker.candidate import rel_error
+
+FAM = family("attention")
+H100 = Limits(*Limits.KNOWN[(9, 0)])
+CONFIGS = [Config.of(BLOCK_N=16, DOT=0, num_warps=2, num_stages=1), Config.of(BLOCK_N=32, DOT=1, num_warps=4, num_stages=2),
+           Config.of(BLOCK_N=64, DOT=1, num_warps=1, num_stages=3)]
+SHAPES = [
+    Attention(2, 3, 1, 37, 80, mask="fp16", mask_dims="bk"),  # decode: a mask per sequence, shared by the heads
+    Attention(3, 2, 3, 50, 80, "fp32", mask="fp32", mask_dims="hqk"),  # shared by the batch
+    Attention(2, 2, 5, 19, 16, mask="bool", mask_dims="bqk"),
+    Attention(1, 2, 4, 33, 24, "fp32", mask="bool", mask_dims="k"),  # one row of keys for everything
+    Attention(2, 2, 3, 40, 32, "fp32", causal=True),
+    Attention(2, 3, 2, 1, 64, out_order="bqhd"),  # one key, the output [B, Lq, H, D] in memory
+    Attention(1, 2, 64, 100, 64, scale=0.1),  # the most rows a program holds
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"N{c['BLOCK_N']}-dot{c['DOT']}")
+@pytest.mark.parametrize("expr", SHAPES, ids=lambda e: e.describe())
+def test_every_path_computes_the_float64_reference(expr, config):
+    err, tol = run_case(expr, config)
+    assert err <= tol
+
+
+def test_rows_with_every_key_masked_are_zero_as_torch_defines_them():
+    expr = Attention(2, 2, 3, 37, 16, "fp32", mask="bool", mask_dims="bqk")
+    x = FAM.inputs(expr, 0, "cpu")
+    q, k, v, out, mask = x.args
+    mask[0, 0, 1] = False  # every key of one row of sequence 0
+    additive = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+    for m, e in ((mask, expr), (additive, Attention(2, 2, 3, 37, 16, "fp32", mask="fp32", mask_dims="bqk"))):
+        for config in CONFIGS:
+            out.fill_(float("nan"))
+            FAM.kernel(e, config, FAM.problem_of(e, (q, k, v, out, m)))(q, k, v, out, m)
+            assert (out[0, :, 1] == 0).all() and torch.isfinite(out).all()
+            ref = F.scaled_dot_product_attention(q, k, v, attn_mask=m)  # torch's: 0 there too
+            assert rel_error(out, ref.double()) <= FAM.tolerance(e) and rel_error(out, FAM.reference(e, x.args[:4] + (m,))) <= 1e-5
+
+
+def test_a_kernel_without_the_running_max_rescale_is_caught(monkeypatch):
+    expr = Attention(2, 3, 3, 37, 80, mask="fp16", mask_dims="bqk")  # three key blocks of 16
+    for config in CONFIGS[:2]:
+        assert run_case(expr, config)[0] <= FAM.tolerance(expr)
+    rescaled = "acc = acc * alpha[:, None] + "
+    assert template._SOURCE.count(rescaled) == 2
+    monkeypatch.setattr(template, "_SOURCE", template._SOURCE.replace(rescaled, "acc = acc + "))
+    for config in CONFIGS[:2]:
+        err, tol = run_case(expr, config)
+        assert err > tol
+
+
+def test_a_kernel_that_drops_the_key_tail_mask_is_caught(monkeypatch):
+    expr = Attention(2, 2, 1, 37, 16, "fp32")  # 37 keys: a block of 16 ends 11 keys past them
+    monkeypatch.setattr(template, "_SOURCE", template._SOURCE.replace(
+        's = tl.where(key_ok[None, :], s, float("-inf"))', "pass"))
+    assert run_case(expr, CONFIGS[0])[0] > FAM.tolerance(expr)
+
+
+def test_bad_expressions_are_one_expr_error():
+    for bad, match in ((dict(lq=65), "at most 64"), (dict(d=257), "at most 256"), (dict(mask="int8"), "unknown mask"),
+                       (dict(mask="fp16", mask_dims="kb"), "mask_dims"), (dict(mask_dims="b"), "without a mask"),
+                       (dict(mask="bool", causal=True), "causal"), (dict(out_order="bhq"), "out_order"),
+                       (dict(scale=0.0), "scale"), (dict(scale=float("inf")), "scale")):
+        with pytest.raises(ExprError, match=match):
+            Attention(**{**dict(batch=2, heads=2, lq=3, lk=7, d=16), **bad})
+
+
+def test_the_mask_pattern_and_scale_have_one_stored_form():
+    # a dimension of size 1 never varies: the same workload whether or not it is named
+    assert Attention(16, 4, 4, 1, 16, mask="fp32", mask_dims="bk").key == Attention(16, 4, 4, 1, 16, mask="fp32",
+                                                                                    mask_dims="b").key
+    assert Attention(2, 2, 1, 9, 16).key == Attention(2, 2, 1, 9, 16, scale=0.25).key
+    assert Attention(2, 2, 1, 9, 16).key != Attention(2, 2, 1, 9, 16, mask="bool", mask_dims="bk").key
+    assert FAM.from_cli("16,16,1,1024,128", "bf16", {}) == Attention(16, 16, 1, 1024, 128, "bf16")
+
+
+def test_the_space_prunes_what_cannot_run_well():
+    space = FAM.space(Attention(16, 4, 64, 4096, 256), H100)
+    configs = [space.config(int(i)) for i in space.valid_indices]
+    assert configs and all(c["DOT"] == 1 for c in configs)  # 64 x N x 256 products in registers spill
+    one_key = [space.config(int(i)) for i in FAM.space(Attention(16, 4, 4, 1, 128), H100).valid_indices]
+    assert {c["BLOCK_N"] for c in one_key} == {16} and {c["num_stages"] for c in one_key} == {1}
+    decode = FAM.space(Attention(1, 16, 1, 4096, 128), H100)
+    configs = [decode.config(int(i)) for i in decode.valid_indices]
+    assert {c["DOT"] for c in configs} == {0, 1} and {c["BLOCK_N"] for c in configs} >= {32, 64, 128}
+    assert all(c["num_stages"] == 1 for c in configs if not c["DOT"])  # the same binary at every stage count
+    assert "spills" in decode.why_invalid(Config.of(BLOCK_N=256, DOT=0, num_warps=1, num_stages=1))
+    narrow = FAM.space(Attention(1, 16, 1, 4096, 64), H100)
+    assert "full vectors" in narrow.why_invalid(Config.of(BLOCK_N=16, DOT=0, num_warps=8, num_stages=1))
+    wide = FAM.space(Attention(1, 16, 1, 4096, 128, "fp32"), H100)
+    assert "shared memory" in wide.why_invalid(Config.of(BLOCK_N=64, DOT=1, num_warps=8, num_stages=4))
+    rng = np.random.default_rng(0)
+    for expr in FAM.examples():  # every example has candidates, each a valid feature row
+        sample = FAM.space(expr, H100).sample(rng, 8)
+        assert sample and np.isfinite(FAM.features(expr, H100, sample)).all()
+
+
+def test_every_knob_builds_for_sm90():
+    decode = Attention(16, 4, 4, 1024, 128, mask="fp16", mask_dims="bk")
+    cases = [(decode, Config.of(BLOCK_N=n, DOT=dot, num_warps=w, num_stages=s))
+             for n, dot, w, s in ((16, 0, 1, 1), (32, 0, 2, 1), (64, 0, 4, 1), (128, 0, 8, 1), (256, 1, 8, 2),
+                                  (32, 1, 4, 1), (64, 1, 4, 3), (128, 1, 4, 4))]
+    cases += [(Attention(16, 16, 1, 4096, 64, "bf16"), Config.of(BLOCK_N=64, DOT=1, num_warps=4, num_stages=3)),
+              (Attention(2, 3, 5, 300, 80, "fp32", mask="bool", mask_dims="hqk"),
+               Config.of(BLOCK_N=32, DOT=1, num_warps=4, num_stages=2)),
+              (Attention(2, 3, 3, 100, 80, causal=True, out_order="bqhd"),
+               Config.of(BLOCK_N=32, DOT=0, num_warps=4, num_stages=1))]
+    results = build_sm90(cases)
+    assert len(results) == len(cases) and all(r["warps"] == c["num_warps"] for r, (_, c) in zip(results, cases))
+    limit = H100.shared_bytes
+    assert all(r["shared"] <= limit for r in results)

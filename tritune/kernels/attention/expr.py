@@ -1,0 +1,135 @@
+"""Attention of a few query rows: out[b,h,i,:] = softmax_j(scale·q[b,h,i,:]·k[b,h,j,:] + mask[b,h,i,j])·v[b,h,j,:],
+as torch's scaled_dot_product_attention computes it, for q [B,H,Lq,D] and k, v [B,H,Lk,D] (fp32
+softmax whatever the storage type). Decode steps and speculative tokens have a few query rows per
+(batch, head) and any number of keys: the kernel streams k and v once, so it is rated in bytes."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from tritune.kernels.expr import DTYPE_BYTES, DTYPES, INT32_MAX, ExprError, Keyed, check_fields
+
+MAX_ROWS = 64  # query rows per (batch, head): decode and speculative decoding; prefill stays with torch
+MAX_HEAD_DIM = 256
+MASKS = ("bool", *DTYPES)  # a boolean mask (True: attend) or an additive one in a float dtype
+MASK_DIMS = "bhqk"  # the mask's dimensions: batch, head, query row, key
+OUT_DIMS = "bhqd"  # the output's: batch, head, query row, head dim
+
+
+@dataclass(frozen=True)
+class Attention(Keyed):
+    """softmax(scale·q·kᵀ [+ mask | causal])·v over `lk` keys for `lq` query rows of each of
+    batch x heads, head dim `d`.
+
+    `mask`: None, "bool" (False: the key is left out) or the dtype of an additive mask; `mask_dims`:
+    the dimensions (of "bhqk") along which it varies, broadcast over the others (a dimension of
+    size 1 never varies: it is left out). `causal`: query row i sees keys j <= i (torch's is_causal,
+    aligned top-left), never with a mask. A row whose every key is left out is 0, as torch's SDPA
+    defines it. `out_order`: the output's dimensions (of "bhqd") from outermost to innermost in
+    memory, as the op producing it lays it out.
+    """
+
+    batch: int
+    heads: int
+    lq: int
+    lk: int
+    d: int
+    dtype: str = "fp16"
+    scale: float | None = None  # default: 1 / sqrt(d), as torch's
+    mask: str | None = None
+    mask_dims: str = ""
+    causal: bool = False
+    out_order: str = OUT_DIMS
+    op: ClassVar[str] = "attention"
+
+    def __post_init__(self) -> None:
+        check_fields(self, ("batch", "heads", "lq", "lk", "d"))
+        if self.lq > MAX_ROWS:
+            raise ExprError(f"lq must be at most {MAX_ROWS} query rows per head (prefill is torch's), got {self.lq}")
+        if self.d > MAX_HEAD_DIM:
+            raise ExprError(f"d must be at most {MAX_HEAD_DIM}, got {self.d}")
+        self._check_scale()
+        self._check_mask()
+        if not isinstance(self.causal, bool) or (self.causal and self.mask is not None):
+            raise ExprError(f"causal must be true or false, and false with a mask (torch's SDPA takes one or the "
+                            f"other), got {self.causal!r} with mask {self.mask!r}")
+        if not isinstance(self.out_order, str) or sorted(self.out_order) != sorted(OUT_DIMS):
+            raise ExprError(f"out_order must order the dimensions {OUT_DIMS!r}, got {self.out_order!r}")
+        rows = self.batch * self.heads * max(self.lq, self.lk)
+        if rows * max(self.d, self.lq) > INT32_MAX:
+            raise ExprError("each operand must have fewer than 2**31 elements")
+
+    def _check_scale(self) -> None:
+        scale = 1 / math.sqrt(self.d) if self.scale is None else self.scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale == 0:
+            raise ExprError(f"scale must be a finite nonzero number, got {self.scale!r}")
+        object.__setattr__(self, "scale", float(scale))  # one workload key for 0.25 and the default of d=16
+
+    def _check_mask(self) -> None:
+        if self.mask is None:
+            if self.mask_dims:
+                raise ExprError(f"mask_dims {self.mask_dims!r} without a mask")
+            return
+        if self.mask not in MASKS:
+            raise ExprError(f"unknown mask {self.mask!r}; one of {', '.join(MASKS)}")
+        dims = self.mask_dims
+        if not isinstance(dims, str) or any(c not in MASK_DIMS for c in dims) or list(dims) != sorted(
+                set(dims), key=MASK_DIMS.index):
+            raise ExprError(f"mask_dims must be letters of {MASK_DIMS!r} in that order, got {dims!r}")
+        sizes = dict(zip(MASK_DIMS, (self.batch, self.heads, self.lq, self.lk)))
+        object.__setattr__(self, "mask_dims", "".join(c for c in dims if sizes[c] > 1))
+
+    def mask_shape(self) -> tuple[int, int, int, int]:
+        """The mask's 4-D shape: each dimension's size where it varies, else 1."""
+        sizes = (self.batch, self.heads, self.lq, self.lk)
+        return tuple(n if c in self.mask_dims else 1 for c, n in zip(MASK_DIMS, sizes))
+
+    @property
+    def flops(self) -> int:
+        """Both products' multiply-adds counted as two operations."""
+        return 4 * self.batch * self.heads * self.lq * self.lk * self.d
+
+    @property
+    def bytes(self) -> int:
+        """Bytes a kernel must move at least: q, k, v and the mask read once, the output written."""
+        eb = DTYPE_BYTES[self.dtype]
+        mask = 0 if self.mask is None else math.prod(self.mask_shape()) * DTYPE_BYTES.get(self.mask, 1)
+        return self.batch * self.heads * (2 * self.lq + 2 * self.lk) * self.d * eb + mask
+
+    def to_dict(self) -> dict:
+        """Canonical dict form (the workload spec stored in the database)."""
+        return {"op": self.op, "batch": self.batch, "heads": self.heads, "lq": self.lq, "lk": self.lk, "d": self.d,
+                "dtype": self.dtype, "scale": self.scale, "mask": self.mask, "mask_dims": self.mask_dims,
+                "causal": self.causal, "out_order": self.out_order}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Attention":
+        """Inverse of to_dict (ExprError if it is not an attention spec)."""
+        if d.get("op") != cls.op:
+            raise ExprError(f"not an attention workload: op={d.get('op')!r}")
+        try:
+            return cls(**{k: v for k, v in d.items() if k != "op"})
+        except TypeError as e:
+            raise ExprError(f"bad attention workload spec: {e}") from None
+
+    def describe(self) -> str:
+        """Short human form, e.g. 'attention 16x4 q4 k1 d128 fp16 mask fp16[b]'."""
+        extra = "" if self.mask is None else f" mask {self.mask}[{self.mask_dims}]"
+        extra += " causal" if self.causal else ""
+        extra += "" if self.out_order == OUT_DIMS else f" out {self.out_order}"
+        return f"attention {self.batch}x{self.heads} q{self.lq} k{self.lk} d{self.d} {self.dtype}{extra}"
+
+
+# Small awkward attentions (query rows 1, 3, 5; keys past a block and not a multiple of one; head
+# dims 80 and 8; masks broadcast over batch and/or heads, boolean and additive; causal; every dtype)
+# for correctness checks on a GPU and under the interpreter (which computes bf16 dots wrongly: CPU
+# tests skip those). The first has several key blocks, so a kernel that loses the running max shows.
+AWKWARD = (
+    Attention(2, 3, 3, 37, 80, mask="fp16", mask_dims="bqk"),
+    Attention(3, 2, 1, 19, 16),
+    Attention(2, 4, 5, 50, 8, "fp32", mask="bool", mask_dims="hqk"),
+    Attention(1, 3, 4, 70, 64, "fp32", scale=0.3, causal=True, out_order="bqhd"),
+    Attention(2, 2, 3, 33, 80, "bf16", mask="bf16", mask_dims="bk"),
+    Attention(4, 2, 1, 130, 128, "bf16", mask="bool", mask_dims="bk", out_order="bqhd"),
+)

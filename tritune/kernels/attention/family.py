@@ -1,0 +1,130 @@
+"""The attention family (`--op attention`): softmax(scale·q·kᵀ + mask)·v for a few query rows."""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from tritune.kernels.attention import launch
+from tritune.kernels.attention.expr import AWKWARD, Attention
+from tritune.kernels.expr import DTYPE_BYTES, TOLERANCE, check_dtype, check_options, parse_dims, torch_dtype
+from tritune.kernels.family import Family, Operands
+from tritune.schedules.config import Config
+from tritune.schedules.space import Limits, Space
+
+
+class AttentionFamily(Family):
+    """out = softmax(scale·q·kᵀ [+ mask])·v, q [B,H,Lq,D] (Lq <= 64), k, v [B,H,Lk,D]; fp16/bf16/fp32."""
+
+    op = "attention"
+    baseline = "torch (F.scaled_dot_product_attention)"
+    sources = ("attention/expr.py", "attention/template.py", "attention/launch.py")
+    launch_module = "tritune.kernels.attention.launch"
+
+    def from_dict(self, spec: dict) -> Attention:
+        return Attention.from_dict(spec)
+
+    @property
+    def cli_help(self) -> str:
+        return ("--shape B,H,Lq,Lk,D (batch, heads, query rows <= 64, keys, head dim <= 256); no mask, "
+                "scale 1/sqrt(D) (a model's masks come with tune-model)")
+
+    def examples(self) -> tuple:
+        return AWKWARD
+
+    def from_cli(self, shape: str, dtype: str, options: dict[str, str]) -> Attention:
+        check_options(options, (), self.op)
+        b, h, lq, lk, d = parse_dims(shape, (5,), "B,H,Lq,Lk,D")
+        check_dtype(dtype)
+        return Attention(b, h, lq, lk, d, dtype)
+
+    def rate(self, expr: Attention, ms: float | None) -> tuple[float, str]:
+        """Bandwidth: the bytes the op must move (`expr.bytes`) per second, in TB/s."""
+        return (expr.bytes / (ms * 1e-3) / 1e12 if ms else 0.0), "TB/s"
+
+    # ----- schedules and cost model
+    def space(self, expr: Attention, limits: Limits) -> Space:
+        from tritune.schedules.attention import attention_space
+
+        return attention_space(expr.lq, expr.lk, expr.d, DTYPE_BYTES[expr.dtype], limits)
+
+    def features(self, expr: Attention, limits: Limits, configs: Sequence[Config]) -> np.ndarray:
+        from tritune.kernels.attention.features import features
+
+        return features(expr, limits, configs)
+
+    def default_config(self, expr: Attention) -> Config:
+        return launch.DEFAULT
+
+    # ----- semantics
+    def inputs(self, expr: Attention, seed: int, device: str) -> Operands:
+        """q, k, v ~ N(0, 1) (contiguous), a NaN output laid out in `out_order`, then the mask: an
+        additive one N(0, 1) with a fifth of its entries -inf, or a boolean one four fifths True;
+        key 0 is never left out (torch's fused kernels differ on rows with no key at all)."""
+        import torch
+
+        gen = torch.Generator(device=device).manual_seed(seed)
+        dt = torch_dtype(expr.dtype)
+
+        def rand(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=gen, device=device)
+
+        b, h, lq, lk, d = expr.batch, expr.heads, expr.lq, expr.lk, expr.d
+        q, k, v = rand(b, h, lq, d).to(dt), rand(b, h, lk, d).to(dt), rand(b, h, lk, d).to(dt)
+        out = torch.full((b, h, lq, d), float("nan"), device=device, dtype=dt)
+        out = out.as_strided(out.shape, launch.out_strides(expr))
+        if expr.mask is None:
+            return Operands((q, k, v, out), out)
+        shape = expr.mask_shape()
+        keep = torch.rand(shape, generator=gen, device=device) < 0.8
+        keep[..., 0] = True
+        mask = keep if expr.mask == "bool" else rand(*shape).masked_fill(~keep, float("-inf")).to(
+            torch_dtype(expr.mask))
+        return Operands((q, k, v, out, mask), out)
+
+    def reference(self, expr: Attention, args: tuple) -> Any:
+        import torch
+
+        q, k, v = (t.double() for t in args[:3])
+        scores = q @ k.transpose(-1, -2) * expr.scale
+        mask = _full_mask(expr, args[4] if len(args) > 4 else None, q.device)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.double()
+        top = scores.amax(-1, keepdim=True)
+        weights = torch.exp(scores - top.masked_fill(top == float("-inf"), 0))
+        total = weights.sum(-1, keepdim=True)
+        return weights @ v / total.masked_fill(total == 0, 1)  # a row with no key: 0
+
+    def eager(self, expr: Attention, x: Operands) -> Callable[[], Any]:
+        return lambda: self.library(expr, "sdpa")(*x.args)
+
+    def expression(self, expr: Attention) -> Callable[..., Any]:
+        return lambda *args: sdpa(expr, *args)
+
+    def libraries(self, expr: Attention) -> tuple[str, ...]:
+        """torch's SDPA (it picks its backend: flash, memory-efficient, cuDNN or math)."""
+        return ("sdpa",)
+
+    def tolerance(self, expr: Attention) -> float:
+        # fp32 softmax and accumulation: the output rounding of the storage type dominates, plus the
+        # probabilities' rounding to it before the second product
+        return TOLERANCE[expr.dtype]
+
+
+def sdpa(expr: Attention, q: Any, k: Any, v: Any, out: Any = None, mask: Any = None) -> Any:
+    """The expression as torch computes it: F.scaled_dot_product_attention (a fresh output)."""
+    import torch.nn.functional as F
+
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=expr.causal, scale=expr.scale)
+
+
+def _full_mask(expr: Attention, mask: Any, device: Any) -> Any:
+    """The mask as [.., Lq, Lk] (None without one); causal as a boolean one."""
+    import torch
+
+    if expr.causal:
+        return torch.ones(expr.lq, expr.lk, dtype=torch.bool, device=device).tril()
+    return mask
+
+
+ATTENTION = AttentionFamily()

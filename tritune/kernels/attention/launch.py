@@ -1,0 +1,135 @@
+"""Specialise and launch a generated attention kernel (see contraction.launch for why a `Problem`
+holds the ints and pointer alignment a binary assumes).
+
+A launch takes (q, k, v, out[, mask]): q, out [B, H, Lq, D], k, v [B, H, Lk, D], any strides; the
+mask broadcastable to [B, H, Lq, Lk] (a dimension it does not vary along has stride 0)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from tritune.kernels.attention import template
+from tritune.kernels.attention.expr import OUT_DIMS, Attention
+from tritune.kernels.codegen import Binary, Launcher, divisibility, specialize
+from tritune.schedules.config import Config
+
+# Replay's last resort: valid for any attention (MMAs: no [M, N, D] product in registers at 64 rows).
+DEFAULT = Config.of(BLOCK_N=16, DOT=1, num_warps=4, num_stages=1)
+MMA_ROWS = 16  # tl.dot's least M, N and K
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The integer arguments of one launch (template.int_names) and the 16-byte alignment of its
+    pointers (template.POINTER_NAMES; the mask's stands in for itself when there is none)."""
+
+    ints: tuple[int, ...]
+    aligned: tuple[bool, ...]
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def block_m(expr: Attention, dot: int) -> int:
+    """Query rows of a program's tile: Lq padded to a power of two (to 16 for MMAs)."""
+    return max(MMA_ROWS if dot else 1, _pow2(expr.lq))
+
+
+def block_d(expr: Attention) -> int:
+    """Head-dim lanes of a tile: D padded to a power of two, at least 16 (an MMA's K)."""
+    return max(MMA_ROWS, _pow2(expr.d))
+
+
+def out_strides(expr: Attention) -> tuple[int, int, int, int]:
+    """The output's strides (b, h, q, d) when it is dense in `expr.out_order`."""
+    sizes = dict(zip(OUT_DIMS, (expr.batch, expr.heads, expr.lq, expr.d)))
+    strides, step = {}, 1
+    for dim in reversed(expr.out_order):
+        strides[dim], step = step, step * sizes[dim]
+    return tuple(strides[dim] for dim in OUT_DIMS)
+
+
+def _mask_strides(expr: Attention) -> tuple[int, int, int, int]:
+    """A contiguous mask of `expr.mask_shape()`'s strides, 0 where it is broadcast."""
+    shape, strides, step = expr.mask_shape(), [0] * 4, 1
+    for i in reversed(range(4)):
+        strides[i] = step if shape[i] > 1 else 0
+        step *= shape[i]
+    return tuple(strides)
+
+
+def canonical_problem(expr: Attention) -> Problem:
+    """The problem of the family's operands: contiguous q, k, v, the output in its order, the mask."""
+    h, lq, lk, d = expr.heads, expr.lq, expr.lk, expr.d
+    ints = (h, lq, lk, d, h * lq * d, lq * d, d, 1, h * lk * d, lk * d, d, 1, h * lk * d, lk * d, d, 1,
+            *out_strides(expr), *_mask_strides(expr))
+    return Problem(ints, (True,) * len(template.POINTER_NAMES))
+
+
+def mask_strides(expr: Attention, mask: Any) -> tuple[int, int, int, int]:
+    """A mask tensor's strides as the kernel takes them: right-aligned to (b, h, q, k), 0 along
+    every dimension of size 1 (broadcast)."""
+    if mask is None:
+        return (0, 0, 0, 0)
+    shape, stride = (1,) * (4 - mask.dim()) + tuple(mask.shape), (0,) * (4 - mask.dim()) + tuple(mask.stride())
+    return tuple(s if n > 1 else 0 for n, s in zip(shape, stride))
+
+
+def ints_of(expr: Attention, q: Any, k: Any, v: Any, out: Any, mask: Any = None) -> tuple[int, ...]:
+    """The kernel's integer arguments for 4-D q, k, v, out and a mask (real or fake tensors: only
+    strides are read)."""
+    return (expr.heads, expr.lq, expr.lk, expr.d, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+            *mask_strides(expr, mask))
+
+
+def problem_of(expr: Attention, q: Any, k: Any, v: Any, out: Any, mask: Any = None) -> Problem:
+    """The problem of concrete tensors (kernel argument order, see the module's docstring)."""
+    pointers = (q, k, v, out, q if mask is None else mask)
+    return Problem(ints_of(expr, q, k, v, out, mask), tuple(t.data_ptr() % 16 == 0 for t in pointers))
+
+
+def constexprs(expr: Attention, config: Config) -> dict[str, Any]:
+    """Compile-time parameters of the template for one config."""
+    block_n, bd = config["BLOCK_N"], block_d(expr)
+    return {"SCALE": expr.scale, "MASK": 0 if expr.mask is None else 2 if expr.mask == "bool" else 1,
+            "CAUSAL": expr.causal, "BLOCK_M": block_m(expr, config["DOT"]), "BLOCK_N": block_n, "BLOCK_D": bd,
+            "DOT": config["DOT"], "DOT_PRECISION": "ieee" if expr.dtype == "fp32" else "tf32",
+            "EVEN_N": expr.lk % block_n == 0, "EVEN_D": expr.d == bd}
+
+
+class _Binary(Binary):
+    """A Binary whose mask pointer may be boolean (`i1`, a type the shared dtype table lacks)."""
+
+    def compile(self, target: Any) -> Any:
+        import triton
+        from triton.compiler import ASTSource
+
+        ptrs = [(n, "fp16" if t == "bool" else t, a) for n, t, a in self.pointers]
+        signature, consts, attrs = specialize(ptrs, self.ints, dict(self.consts))
+        signature.update({n: "*i1" for n, t, _ in self.pointers if t == "bool"})
+        return triton.compile(ASTSource(self.fn, signature, consts, attrs), target=target, options=dict(self.options))
+
+
+def binary(expr: Attention, config: Config, problem: Problem) -> Binary:
+    """What the candidate's binary is built from, ints specialised as the other families do."""
+    dtypes = (expr.dtype,) * 4 + (expr.mask or expr.dtype,)
+    pointers = tuple((n, t, a) for n, t, a in zip(template.POINTER_NAMES, dtypes, problem.aligned))
+    ints = tuple((name, v, divisibility(v)) for name, v in zip(template.int_names(), problem.ints))
+    options = (("num_warps", config["num_warps"]), ("num_stages", config["num_stages"]))
+    kind = _Binary if expr.mask == "bool" else Binary
+    return kind(template.load(expr), pointers, ints, tuple(constexprs(expr, config).items()), options)
+
+
+def grid(expr: Attention, config: Config) -> tuple[int, int, int]:
+    """Launch grid: one program per (batch, head)."""
+    return (expr.batch * expr.heads, 1, 1)
+
+
+def launcher(expr: Attention, config: Config, problem: Problem, target: Any = None) -> Callable[..., None]:
+    """The candidate bound to one problem: call it with (q, k, v, out[, mask]) to launch once."""
+    launch = Launcher(binary(expr, config, problem), grid(expr, config), target)
+
+    def run(q: Any, k: Any, v: Any, out: Any, mask: Any = None) -> None:
+        launch(q, k, v, out, q if mask is None else mask)  # q stands in for an absent mask (never read)
+    return run

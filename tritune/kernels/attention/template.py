@@ -1,0 +1,120 @@
+"""Triton source of the attention kernel, generated from an Attention expression.
+
+One program per (batch, head) holds all its query rows (at most 64) and walks the keys in blocks of
+BLOCK_N with an online softmax: a running row max m and sum l in fp32, the accumulator rescaled by
+exp(m_old - m_new) whenever a block raises the max. Scores go through exp2 (the scale folded with
+log2(e)). A row whose scores are all -inf so far keeps m at -inf; its exponents are taken against 0
+instead (no -inf - -inf), so it stays 0 and ends as 0, as torch's SDPA defines a fully masked row.
+Keys past Lk and head-dim lanes past D are masked (D padded to a power of two).
+
+DOT=1 computes both products with tl.dot (rows padded to 16, what an MMA needs); DOT=0 with
+broadcast multiplies and sums in fp32 (CUDA cores: one or a few rows waste no MMA rows).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from tritune.kernels.attention.expr import Attention
+from tritune.kernels.codegen import load_source
+
+KERNEL_NAME = "tritune_attention"
+POINTER_NAMES = ("Q", "K", "V", "Out", "Mask")
+SIZE_NAMES = ("H", "LQ", "LK", "D")
+# q, k, v and out: batch, head, row, head dim; the mask: batch, head, query row, key
+STRIDE_NAMES = tuple(f"stride_{t}{dim}" for t in "qkvo" for dim in "bhnd") + tuple(f"stride_m{dim}" for dim in "bhqk")
+
+_SOURCE = '''\
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _tile(ptrs, ok, EVEN: tl.constexpr):
+    if EVEN:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=ok, other=0.0)
+
+
+@triton.jit
+def {name}(
+    Q, K, V, Out, Mask,
+    {sizes},
+{strides}
+    SCALE: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_N: tl.constexpr,
+    EVEN_D: tl.constexpr,
+):
+    # {description}
+    pid = tl.program_id(0)
+    off_b = (pid // H).to(tl.int64)  # 64-bit batch offsets: B x H x L x D may pass 2**31 elements
+    off_h = pid % H
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_D)
+    row_ok = rows < LQ
+    col_ok = cols < D
+    q = tl.load(Q + off_b * stride_qb + off_h * stride_qh + rows[:, None] * stride_qn + cols[None, :] * stride_qd,
+                mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+    if not DOT:
+        q = q.to(tl.float32) * (SCALE * LOG2E)
+    k_base = K + off_b * stride_kb + off_h * stride_kh + cols[None, :] * stride_kd
+    v_base = V + off_b * stride_vb + off_h * stride_vh + cols[None, :] * stride_vd
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start in range(0, LK, BLOCK_N):
+        keys = start + tl.arange(0, BLOCK_N)
+        key_ok = keys < LK
+        tile_ok = key_ok[:, None] & col_ok[None, :]
+        k = _tile(k_base + keys[:, None] * stride_kn, tile_ok, EVEN_N and EVEN_D)
+        if DOT:
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * (SCALE * LOG2E)
+        else:
+            s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], 2)
+        if MASK:  # (a launch without a mask passes None for it: no pointer arithmetic on it)
+            m_ptrs = Mask + off_b * stride_mb + off_h * stride_mh + rows[:, None] * stride_mq + keys[None, :] * stride_mk
+            m_ok = row_ok[:, None] & key_ok[None, :]
+            if MASK == 1:  # additive
+                s += tl.load(m_ptrs, mask=m_ok, other=0.0).to(tl.float32) * LOG2E
+            else:  # boolean: False leaves the key out
+                s = tl.where(tl.load(m_ptrs, mask=m_ok, other=0) != 0, s, float("-inf"))
+        if CAUSAL:
+            s = tl.where(keys[None, :] <= rows[:, None], s, float("-inf"))
+        if not EVEN_N:
+            s = tl.where(key_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: exponents of 0
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _tile(v_base + keys[:, None] * stride_vn, tile_ok, EVEN_N and EVEN_D)
+        if DOT:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        else:
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], 1)
+        m_i = m_new
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # a fully masked row: 0
+    o_ptrs = Out + off_b * stride_ob + off_h * stride_oh + rows[:, None] * stride_on + cols[None, :] * stride_od
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+'''
+
+
+def int_names() -> tuple[str, ...]:
+    """The kernel's integer parameters, in order: sizes, then each operand's four strides."""
+    return SIZE_NAMES + STRIDE_NAMES
+
+
+def source(expr: Attention, specialize: bool = False) -> str:
+    """The Triton source of the kernel computing `expr`; `specialize`: its sizes and strides are
+    constexprs (one binary per shape, launched with pointers only: what a compiled model replays)."""
+    kind = ": tl.constexpr" if specialize else ""
+    strides = "\n".join("    " + " ".join(f"{n}{kind}," for n in STRIDE_NAMES[i:i + 4])
+                        for i in range(0, len(STRIDE_NAMES), 4))
+    return _SOURCE.format(name=KERNEL_NAME, description=expr.describe(),
+                          sizes=" ".join(f"{n}{kind}," for n in SIZE_NAMES)[:-1], strides=strides)
+
+
+def load(expr: Attention, specialize: bool = False) -> Any:
+    """The @triton.jit function of the generated source for `expr` (see `source`)."""
+    return load_source(source(expr, specialize), KERNEL_NAME)
