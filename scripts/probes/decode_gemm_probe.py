@@ -6,6 +6,11 @@ torch.compile (`head_to_head`). Beside it, the read ceiling: a kernel that only 
 the weight's size, timed the same way, i.e. what any kernel of that size can reach.
 
     python -m scripts.probes.decode_gemm_probe --shape 16,2048,5632 --configs 160 --out DIR
+    python -m scripts.probes.decode_gemm_probe --workload '{"op": "wide", "m": 16, "ns": [2048, 512, 512],
+        "k": 2048, "dtype": "fp16", "trans_b": true, "bias": false, "norm_eps": 1e-6}' --out DIR
+
+`--shape` takes a matmul's M,N,K; `--workload` any GEMM family's stored workload spec (wide and
+gated ones with a row norm included).
 
 Prints, per workload, the best % of the measured copy bandwidth and the best per value of each
 knob; writes DIR/decode_gemm_probe.json.
@@ -21,7 +26,7 @@ import numpy as np
 
 from tritune.kernels.codegen import load_source
 from tritune.kernels.device import device_info
-from tritune.kernels.family import parse_expr
+from tritune.kernels.family import expr_from_dict, parse_expr
 from tritune.records.result import Status
 from tritune.tuner.builder import Builder
 from tritune.tuner.task import device_limits, device_target, device_task
@@ -67,8 +72,13 @@ def read_ceiling_ms(nbytes: int) -> float:
     return best
 
 
-def probe(shape: str, dtype: str, configs: int, builder: Builder, info: dict) -> dict:
-    expr = parse_expr("matmul", shape, dtype)
+def weight_elements(expr) -> int:
+    """Elements of the weights a GEMM of any contraction family streams (`k` by its widths)."""
+    widths = {"wide": lambda: sum(expr.ns), "gated": lambda: 2 * expr.n}.get(expr.op, lambda: expr.n)()
+    return widths * expr.k
+
+
+def probe(expr, configs: int, builder: Builder, info: dict) -> dict:
     task = device_task(expr, info)
     sample = task.space.sample(np.random.default_rng(0), configs)
     futures = builder.submit(expr, task.family.canonical_problem(expr), sample)
@@ -81,8 +91,8 @@ def probe(shape: str, dtype: str, configs: int, builder: Builder, info: dict) ->
         if got["status"] == Status.OK:
             rows.append((built.config, got["times"][2]))
     rows.sort(key=lambda r: r[1])
-    weight = expr.n * expr.k * 2
-    moved = weight + (expr.m * expr.k + expr.m * expr.n) * 2
+    weight = weight_elements(expr) * 2
+    moved = weight + (expr.m * expr.k + expr.m * weight_elements(expr) // expr.k) * 2
     gbps = copy_bandwidth_gbps()
     pct = lambda ms: 100 * moved / (ms * 1e-3) / 1e9 / gbps
     by_knob: dict = defaultdict(dict)
@@ -91,14 +101,15 @@ def probe(shape: str, dtype: str, configs: int, builder: Builder, info: dict) ->
             by_knob[knob].setdefault(str(value), round(pct(ms), 1))
     h2h = head_to_head(expr, rows[0][0], 0)
     read_ms = read_ceiling_ms(weight)
-    return {"shape": shape, "weight_mb": weight / 1e6, "built_ok": len(rows), "best_ms": rows[0][1],
+    return {"shape": expr.describe(), "weight_mb": weight / 1e6, "built_ok": len(rows), "best_ms": rows[0][1],
             "best_pct": pct(rows[0][1]), "best": dict(rows[0][0]), "top5": [(dict(c), ms) for c, ms in rows[:5]], "by_knob": by_knob,
             "head_to_head": h2h, "read_ceiling_ms": read_ms, "read_ceiling_pct": pct(read_ms)}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--shape", action="append", required=True)
+    p.add_argument("--shape", action="append", default=[])
+    p.add_argument("--workload", action="append", default=[])
     p.add_argument("--dtype", default="fp16")
     p.add_argument("--configs", type=int, default=160)
     p.add_argument("--out", required=True)
@@ -107,8 +118,10 @@ def main() -> None:
     builder = Builder(device_target(info), device_limits(info).shared_bytes)
     results = []
     try:
-        for shape in args.shape:
-            r = probe(shape, args.dtype, args.configs, builder, info)
+        exprs = [parse_expr("matmul", shape, args.dtype) for shape in args.shape]
+        for expr in exprs + [expr_from_dict(json.loads(w)) for w in args.workload]:
+            r = probe(expr, args.configs, builder, info)
+            shape = r["shape"]
             results.append(r)
             h = r["head_to_head"]
             alts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in h["alternatives"].items())
