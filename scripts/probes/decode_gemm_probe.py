@@ -28,6 +28,7 @@ from tritune.kernels.codegen import load_source
 from tritune.kernels.device import device_info
 from tritune.kernels.family import expr_from_dict, parse_expr
 from tritune.records.result import Status
+from tritune.schedules.config import Config
 from tritune.tuner.builder import Builder
 from tritune.tuner.task import device_limits, device_target, device_task
 from tritune.tuner.timing import (
@@ -78,9 +79,20 @@ def weight_elements(expr) -> int:
     return widths * expr.k
 
 
-def probe(expr, configs: int, builder: Builder, info: dict) -> dict:
+def grid_sample(space, grid: str) -> list:
+    """The valid configs of a grid 'KNOB=v1,v2;KNOB=v' (knobs left out: their first value)."""
+    import itertools
+
+    chosen = {name: [int(v) for v in values.split(",")] for name, values in
+              (part.split("=") for part in grid.split(";") if part)}
+    axes = [chosen.get(k.name, [k.values[0]]) for k in space.knobs]
+    configs = [Config.of(dict(zip([k.name for k in space.knobs], values))) for values in itertools.product(*axes)]
+    return [c for c in configs if space.valid(c)]
+
+
+def probe(expr, configs: int, builder: Builder, info: dict, grid: str | None = None) -> dict:
     task = device_task(expr, info)
-    sample = task.space.sample(np.random.default_rng(0), configs)
+    sample = grid_sample(task.space, grid) if grid else task.space.sample(np.random.default_rng(0), configs)
     futures = builder.submit(expr, task.family.canonical_problem(expr), sample)
     rows = []
     for config, future in zip(sample, futures):
@@ -113,6 +125,8 @@ def main() -> None:
     p.add_argument("--dtype", default="fp16")
     p.add_argument("--configs", type=int, default=160)
     p.add_argument("--out", required=True)
+    p.add_argument("--grid", help="measure this grid of the space instead of a random sample, e.g. "
+                   "'BLOCK_M=16;BLOCK_N=32,64;SPLIT_K=1,2,4' (knobs left out take their first value)")
     args = p.parse_args()
     info = device_info()
     builder = Builder(device_target(info), device_limits(info).shared_bytes)
@@ -120,7 +134,7 @@ def main() -> None:
     try:
         exprs = [parse_expr("matmul", shape, args.dtype) for shape in args.shape]
         for expr in exprs + [expr_from_dict(json.loads(w)) for w in args.workload]:
-            r = probe(expr, args.configs, builder, info)
+            r = probe(expr, args.configs, builder, info, args.grid)
             shape = r["shape"]
             results.append(r)
             h = r["head_to_head"]
@@ -129,6 +143,8 @@ def main() -> None:
                   f"({r['best_pct']:.0f}% copy BW); head-to-head ours {h['ours_ms'] * 1e3:.1f} us vs {alts}; "
                   f"read ceiling {r['read_ceiling_ms'] * 1e3:.1f} us ({r['read_ceiling_pct']:.0f}%)", flush=True)
             print("   best:", r["best"], "\n   by knob:", json.dumps(r["by_knob"]), flush=True)
+            for config, ms in r["top5"]:
+                print(f"   {ms * 1e3:.1f} us {config}", flush=True)
     finally:
         builder.close()
         out = Path(args.out)
