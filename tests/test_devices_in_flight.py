@@ -3,10 +3,15 @@ candidates waiting for each device's lane and counts the compile pool once; work
 (tune-model over several devices) each count their part of the pool, so that together they fill
 it. Builds are futures the tests complete themselves, and the loop is caught where it waits (no
 sleeps, no clocks)."""
+import threading
+
+import numpy as np
+
 from fakes import FakeRunner
-from tritune.tuner.builder import Builder, PoolShares
+from tritune.tuner.breakdown import Stopwatch
+from tritune.tuner.builder import Builder, BuildResult, PoolShares
 from tritune.tuner.measurer import Measurer
-from tritune.tuner.tuner import QUEUED_PER_LANE, in_flight_target
+from tritune.tuner.tuner import LAG_SHARE, QUEUED_PER_LANE, in_flight_target
 from tritune.tuner.worker.local import Runners
 from test_in_flight import ROUND, HeldBuilder, loop_waits, start, stored_results
 from test_tuner import EXPR, TASK
@@ -119,3 +124,65 @@ def test_verbose_says_the_part_of_the_pool_a_workload_tuned_beside_another_count
             tuning._search(TASK, make_strategy("random", TASK.space, seed=0), builder, FakeRunner(), db,
                            TuneOptions(trials=24, batch_size=ROUND, verbose=verbose), notes)
         assert notes.lines == said
+
+
+class Paired(FakeRunner):
+    """A device of a pair sharing one stopwatch (as a host's devices do), each candidate taking a
+    second of checking on it; its first measurement waits until the other device is measuring
+    too (both lanes work at once, or the barrier breaks and the test fails)."""
+
+    def __init__(self, name, watch, barrier):
+        super().__init__()
+        self.name, self.watch, self.barrier = name, watch, barrier
+
+    def measure(self, expr, config, compile_s=0.0, best_ms=None):
+        if not self.measured:
+            self.barrier.wait(60)
+        self.watch.add("check", 1.0)
+        self.watch.add(f"check on {self.name}", 1.0)
+        return super().measure(expr, config, compile_s, best_ms)
+
+
+def pair():
+    shared, barrier = Stopwatch(), threading.Barrier(2)
+    return [Paired(f"h:{i}", shared, barrier) for i in range(2)]
+
+
+def test_two_devices_keep_twice_the_share_of_the_budget_in_flight_and_both_measure(tmp_path, monkeypatch):
+    """At `run`'s 128 trials one device keeps at most an eighth of the budget in flight (16: half
+    of a 32-process pool idle); each device measuring the workload may keep that much, so two keep
+    the whole pool busy, and both measure."""
+    built, deepest, runners = {}, {}, {1: FakeRunner(), 2: Runners(pair())}
+    for gpus, runner in runners.items():
+        waiting = loop_waits(monkeypatch)
+        builder = HeldBuilder(workers=32)
+        tuner, thread, out = start(tmp_path / str(gpus), builder, 40 + 128, learned=stored_results(40), runner=runner)
+        assert waiting.wait(60)
+        built[gpus] = len(builder.built)
+        builder.finish()
+        thread.join(60)
+        assert len(out) == 168
+        deepest[gpus] = tuner.most_in_flight
+    assert in_flight_target(32, 1, ROUND, 40, 168) == 168 // LAG_SHARE == 21
+    assert in_flight_target(32, 2, ROUND, 40, 168, gpus=2) == 32 + 2 * QUEUED_PER_LANE == 36  # under 2 * 21
+    assert built == {1: built_before_waiting(21), 2: built_before_waiting(36)} == {1: 25, 2: 41}
+    assert deepest[2] > deepest[1]
+    measured = [len(r.measured) for r in runners[2].each]
+    assert sum(measured) == 128 and min(measured) > 0
+
+
+def test_a_workload_counts_only_its_own_candidates_gpu_seconds_on_devices_it_shares_a_stopwatch_with():
+    first, second = pair()
+    measurers = [Measurer(EXPR, TASK.device, HeldBuilder(workers=4), r, None) for r in (first, second)]
+    configs = TASK.space.sample(np.random.default_rng(0), 5)
+    try:
+        futures = [[m.submit(c, BuildResult(c, None, 0.5)) for c in configs[:n]] for m, n in zip(measurers, (2, 3))]
+        for f in futures[0] + futures[1]:
+            f.result(60)
+    finally:
+        for m in measurers:
+            m.close()
+    assert first.watch is second.watch and first.watch.spent["check"] == 5.0
+    assert [dict(m.watch.spent) for m in measurers][0]["check on h:0"] == 2.0 and "check on h:1" not in measurers[0].watch.spent
+    assert measurers[1].watch.spent["check"] == 3.0 == measurers[1].watch.spent["check on h:1"]
+    assert [m.gpus for m in measurers] == [1, 1] and Runners(pair()).gpus == 2

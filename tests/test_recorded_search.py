@@ -73,6 +73,32 @@ def test_warm_sa_keeps_its_quality_with_the_pipeline_a_16_process_pool_fills(tmp
     assert (np.array(found) >= 0.98).sum() >= 9, found
 
 
+class TwoGPUs(RecordedRunner):
+    """The recording served as two GPUs would measure it (the loop counts two GPUs' share of the
+    budget in flight), one candidate at a time so that the search stays deterministic."""
+
+    gpus = 2
+
+
+def test_warm_sa_keeps_its_quality_with_the_pipeline_two_gpus_and_a_32_process_pool_fill(tmp_path):
+    """Two GPUs (`run --devices all` on a host of 32 cores) keep up to 40 candidates in flight at
+    128 trials (each GPU an eighth of the budget, 32, and a round more): the same bar on the same
+    recording, >= 0.98 of the best in >= 9 of 10 seeds (measured: 10 of 10 on each shipped one)."""
+    rec = Recording.load(BUNDLED / "space_16x4096x4096_fp16.jsonl.gz")
+    task = rec.task(DeviceKey("recorded", "9.0", "-", "-", "-"))
+    prior = bundled_prior(rec.task(DeviceKey("recorded", rec.device["capability"], "-", "-", "-")))
+    builder = RecordedBuilder()
+    builder.workers = 32
+    found, deepest = [], 0
+    for seed in WARM_SEEDS:
+        strategy = make_strategy("sa", task.space, seed=seed, features=task.featurize, prior=prior)
+        tuner = Tuner(task, strategy, builder, TwoGPUs(rec), Database(tmp_path / f"{seed}.db"), batch_size=8)
+        found.append(rec.best_ms / best_of(tuner.run(128)).t_median)
+        deepest = max(deepest, tuner.most_in_flight)
+    assert deepest == 2 * 128 // 8 + 8, deepest
+    assert (np.array(found) >= 0.98).sum() >= 9, found
+
+
 @pytest.mark.xfail(strict=True, reason="plain-tiling odd space: its one config within 2% is not predictable")
 def test_legacy_plain_tiling_odd_space(tmp_path):
     """The odd shape over plain tiling (before TMA and the persistent loop; H100). Its best, 256x64x32

@@ -18,7 +18,8 @@ CALLED = ("device_info", "measure", "head_to_head", "listen", "unlisten", "close
 def _instances():
     rec = Recording.load(next(BUNDLED.glob("*.jsonl.gz")))
     local = LocalRunner(device=0)  # nothing starts until asked
-    remote = RemoteHost(cluster=None, address="tcp://127.0.0.1:1", info={"name": "host", "parallel": 3})
+    remote = RemoteHost(cluster=None, address="tcp://127.0.0.1:1", info={"name": "host", "parallel": 3,
+                                                                      "devices": ["host:0", "host:1"]})
     return {"local": local, "several": Runners([LocalRunner(device=0), LocalRunner(device=1)]), "remote": remote,
             "recorded": RecordedRunner(rec), "fake": FakeRunner()}
 
@@ -29,7 +30,7 @@ def test_every_runner_keeps_the_contract(kind):
     assert isinstance(runner, Runner)
     assert runner in runner.each or kind == "several"
     assert all(isinstance(r, Runner) for r in runner.each)
-    assert runner.parallel >= 1 and runner.restarts == 0 and runner.lost is False
+    assert runner.parallel >= 1 and runner.gpus >= 1 and runner.restarts == 0 and runner.lost is False
     assert isinstance(runner.watch, Stopwatch)
     for name in CALLED:  # the same parameters as the contract's, so every caller's call fits
         ours = inspect.signature(getattr(Runner, name)).parameters

@@ -70,7 +70,8 @@ def test_breakdown_arithmetic():
     from tritune.tuner.breakdown import summary
 
     times = summary(10.0, {"propose": 2.0, "fit": 1.5, "learn": 0.5, "wait": 4.0, "store": 0.5, "compile_wait": 1.0,
-                           "measure": 4.0, "save": 0.2}, {"check": 1.0, "timing": 2.0}, {"compile": 16.0}, 4)
+                           "measure": 4.0, "save": 0.2, "check": 1.0, "timing": 2.0},
+                    {"check": 5.0, "timing": 5.0}, {"compile": 16.0}, 4)  # the devices' own: other workloads' too
     assert times["model fit"] == 1.5 and times["proposal (search over the model)"] == 0.5
     assert times["worker start and requests"] == 1.0 and times["GPU idle"] == 7.0
     assert times["outside the loop (space, prior, head-to-head)"] == 3.0
@@ -82,12 +83,13 @@ def test_breakdown_arithmetic():
 def test_breakdown_per_device_and_outside_the_loop():
     from tritune.tuner.breakdown import summary
 
-    runner = {"check": 2.0, "timing": 8.0, "check on h:0": 1.5, "timing on h:0": 6.0, "check on h:1": 0.5,
-              "timing on h:1": 2.0, "alternatives": 7.5}
-    times = summary(10.0, {"propose": 1.0, "wait": 5.0, "space and prior": 2.5, "head-to-head": 1.0}, runner,
-                    {"compile": 16.0}, 4, devices=2)
+    measured = {"check": 2.0, "timing": 8.0, "check on h:0": 1.5, "timing on h:0": 6.0, "check on h:1": 0.5,
+                "timing on h:1": 2.0}
+    runner = {"check on h:2": 9.0, "timing on h:2": 9.0, "alternatives": 7.5}  # h:2 measured another workload
+    times = summary(10.0, {"propose": 1.0, "wait": 5.0, "space and prior": 2.5, "head-to-head": 1.0, **measured},
+                    runner, {"compile": 16.0}, 4, devices=2)
     assert times["GPU busy fraction"] == 0.5 and times["GPU busy fraction, h:0"] == 0.75
-    assert times["GPU busy fraction, h:1"] == 0.25
+    assert times["GPU busy fraction, h:1"] == 0.25 and "GPU busy fraction, h:2" not in times
     assert times["outside the loop (space, prior, head-to-head)"] == 4.0
     assert times["space and prior (before the loop)"] == 2.5 and times["head-to-head (after the loop)"] == 1.0
     assert times["alternatives compiled ahead (second worker)"] == 7.5

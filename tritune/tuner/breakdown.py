@@ -42,11 +42,13 @@ def summary(wall_s: float, tuner: dict, runner: dict, builder: dict, workers: in
 
     The loop's own phases (proposal to "outside the loop") add up to the wall time; the outside
     splits into the space and prior before it and the head-to-head after it (the rest: storing the
-    verdict, reporting). The measuring threads' (waiting for compiles to storing results;
-    device-seconds, summed over `devices`) run alongside them, as do the pool and the second
-    worker's compile of the head-to-head's alternatives.
+    verdict, reporting). The measuring threads' (waiting for compiles to storing results, and the
+    GPU's check and timing of this workload's candidates, per device too; device-seconds, summed
+    over `devices`) are in `tuner` too: they run alongside the loop, as do the pool and the second
+    worker's compile of the head-to-head's alternatives (`runner`). The devices' own stopwatch is
+    not where a workload's GPU seconds come from: workloads tuned at once share it.
     """
-    gpu = runner.get("check", 0.0) + runner.get("timing", 0.0)
+    gpu = tuner.get("check", 0.0) + tuner.get("timing", 0.0)
     loop = sum(tuner.get(k, 0.0) for k in ("propose", "learn", "wait", "store"))
     out = {
         "wall": wall_s,
@@ -59,8 +61,8 @@ def summary(wall_s: float, tuner: dict, runner: dict, builder: dict, workers: in
         "space and prior (before the loop)": tuner.get("space and prior", 0.0),
         "head-to-head (after the loop)": tuner.get("head-to-head", 0.0),
         "GPU waiting for compiles": tuner.get("compile_wait", 0.0),
-        "correctness check (GPU worker)": runner.get("check", 0.0),
-        "timing (GPU worker)": runner.get("timing", 0.0),
+        "correctness check (GPU worker)": tuner.get("check", 0.0),
+        "timing (GPU worker)": tuner.get("timing", 0.0),
         "worker start and requests": tuner.get("measure", 0.0) - gpu,
         "storing results (database)": tuner.get("save", 0.0),
         "compile (CPU-seconds in the pool)": builder.get("compile", 0.0),
@@ -70,14 +72,14 @@ def summary(wall_s: float, tuner: dict, runner: dict, builder: dict, workers: in
     out = {k: round(v, 1) for k, v in out.items()}
     out["GPU busy fraction"] = round(gpu / (devices * wall_s), 3) if wall_s else 0.0
     out["compile pool busy fraction"] = round(builder.get("compile", 0.0) / (workers * wall_s), 3) if wall_s else 0.0
-    return {**out, **_per_device(runner, wall_s)}
+    return {**out, **_per_device(tuner, wall_s)}
 
 
-def _per_device(runner: dict, wall_s: float) -> dict:
-    """"GPU busy fraction, host:index" for each device, where more than one measured (runners count
-    their check and timing seconds per device as "check on host:index", "timing on host:index")."""
+def _per_device(spent: dict, wall_s: float) -> dict:
+    """"GPU busy fraction, host:index" for each device, where more than one measured (the measuring
+    threads count check and timing seconds per device as "check on host:index", "timing on ...")."""
     busy: dict[str, float] = defaultdict(float)
-    for phase, seconds in runner.items():
+    for phase, seconds in spent.items():
         kind, _, device = phase.partition(" on ")
         if device and kind in ("check", "timing"):
             busy[device] += seconds

@@ -17,6 +17,7 @@ from tritune.tuner.worker.local import DeviceLost
 from tritune.tuner.worker.protocol import Runner
 
 
+GPU_PHASES = ("check", "timing")  # what a GPU worker spends on a candidate (device-seconds)
 _WAKE = ("wake",)  # queued to wake a thread waiting for candidates: look at the pending ones again
 
 
@@ -42,7 +43,7 @@ class Measurer:
                  best_ms: float | None = None) -> None:
         self.expr, self.device, self.builder = expr, device, builder
         self.best_ms = best_ms
-        self.watch = Stopwatch()  # compile_wait, measure, save: these threads' own phases
+        self.watch = Stopwatch()  # compile_wait, measure, save: these threads' own phases; GPU_PHASES
         self._db_path = db_path
         self._queue: queue.Queue = queue.Queue()
         self._pending: list = []
@@ -51,6 +52,7 @@ class Measurer:
         self._stopping = threading.Event()
         self._live = 0
         self._threads: list[threading.Thread] = []
+        self._runners: list[Runner] = []  # every runner measuring here (lost ones too)
         for each in runner.each:
             self.add(each)
         self._group = runner
@@ -61,6 +63,7 @@ class Measurer:
         with self._lock:
             if self._closed or self._stopping.is_set():
                 return
+            self._runners.append(runner)
             for _ in range(runner.parallel):
                 # daemons: a run interrupted mid-measurement must not wait for a GPU to answer
                 thread = threading.Thread(target=self._serve, args=(runner,), daemon=True,
@@ -73,6 +76,12 @@ class Measurer:
     def lanes(self) -> int:
         """Candidates measured at once now (threads of devices not lost; lent runners count)."""
         return max(1, self._live)
+
+    @property
+    def gpus(self) -> int:
+        """GPUs measuring now (of runners not lost; lent runners count; a cluster host, all of its)."""
+        with self._lock:
+            return max(1, sum(r.gpus for r in self._runners if not r.lost))
 
     def submit(self, config: Config, build: Any) -> Future:
         """Queue one candidate; the future resolves to its result once measured and stored."""
@@ -164,7 +173,7 @@ class Measurer:
             result = MeasureResult(config, built.status, compile_s=built.compile_s, message=built.message)
         else:
             with self.watch("measure"):
-                result = runner.measure(self.expr, config, built.compile_s, best_ms=self.best_ms)
+                result = self._measured(runner, config, built.compile_s)
         if self._stopping.is_set():
             raise Stopped()
         if db is not None:
@@ -172,6 +181,21 @@ class Measurer:
                 db.save(self.expr.key, self.device, [result])  # at once: a kill loses only the trials in flight
         if result.ok:
             self.offer_best(result.t_median)
+        return result
+
+
+    def _measured(self, runner: Any, config: Config, compile_s: float) -> MeasureResult:
+        """`runner.measure`, with the device-seconds it spent checking and timing counted for this
+        workload, in total and per device ("check on host:index"): the devices of a host share
+        one stopwatch with every workload measured on them at once, but a device measures one
+        candidate at a time, so what its own phases grew by during the call is this candidate's."""
+        keys = [f"{phase} on {runner.name}" for phase in GPU_PHASES]
+        before = [runner.watch.spent.get(key, 0.0) for key in keys]
+        result = runner.measure(self.expr, config, compile_s, best_ms=self.best_ms)
+        for phase, key, was in zip(GPU_PHASES, keys, before):
+            seconds = runner.watch.spent.get(key, 0.0) - was
+            self.watch.add(phase, seconds)
+            self.watch.add(key, seconds)
         return result
 
 

@@ -23,19 +23,20 @@ QUEUED_PER_LANE = 2
 # A proposal is made without the results of the candidates in flight: the model lags that many
 # behind, and the lag must stay a small share of the budget. On the 16x4096x4096 recording, warm
 # sa found 98% of the best in 10 of 10 seeds at 128 trials with up to 26 in flight, and in 4 of
-# 10 at 64 trials (10 of 10 with a round's lag, 8 to 16 in flight).
+# 10 at 64 trials (10 of 10 with a round's lag, 8 to 16 in flight). Each GPU measuring the
+# workload may keep that share in flight: GPUs that wait for compiles cost more than the lag.
 LAG_SHARE = 8
 
 
-def in_flight_target(workers: int, lanes: int, round_size: int, learned: int, trials: int) -> int:
+def in_flight_target(workers: int, lanes: int, round_size: int, learned: int, trials: int, gpus: int = 1) -> int:
     """How many candidates to keep in flight: enough for each of the loop's `workers` compile
     processes (the whole pool, or the loop's part of it where several loops share it:
     `PoolShares`) to have one and every measuring lane (each device measuring this workload)
     QUEUED_PER_LANE compiled and waiting, but no more than the results learned so far (the first
-    proposals rest on the prior alone) nor than 1/LAG_SHARE of the budget; never less than a round
-    (one is measured while the next is proposed)."""
+    proposals rest on the prior alone) nor than 1/LAG_SHARE of the budget for each of the `gpus`
+    measuring it; never less than a round (one is measured while the next is proposed)."""
     busy = workers + QUEUED_PER_LANE * lanes
-    return max(round_size, min(busy, learned, trials // LAG_SHARE))
+    return max(round_size, min(busy, learned, gpus * trials // LAG_SHARE))
 
 
 class Tuner:
@@ -52,7 +53,8 @@ class Tuner:
     a slow compile holds up neither the GPU nor the next proposal.
 
     Devices and pool: one workload measured on several devices (`run --devices all`) has a lane
-    per device, and its loop counts the whole pool once; several workloads tuned at once on one
+    per device, may keep an eighth of the budget in flight for each (two devices starved on
+    what one had), and its loop counts the whole pool once; several workloads tuned at once on one
     pool (`tune-model --devices all`) each count their part of it (`Builder.shares`), so that
     together they fill the pool and no more.
     """
@@ -143,7 +145,7 @@ class Tuner:
         part = self.pool_part()
         if not self.pool_parts or self.pool_parts[-1] != part:
             self.pool_parts.append(part)
-        return in_flight_target(part, measurer.lanes, self._round(), learned, trials)
+        return in_flight_target(part, measurer.lanes, self._round(), learned, trials, measurer.gpus)
 
     def _launch(self, n: int, measurer: Measurer) -> list[tuple[Config, Future]] | None:
         """Propose up to n configs and start them (`_start`); None when the strategy has nothing

@@ -31,7 +31,7 @@ class RemoteHost(OneRunner):
 
     def __init__(self, cluster: "_Cluster", address: str, info: dict) -> None:
         self.cluster, self.address, self.info = cluster, address, info
-        self.name, self.parallel = info["name"], info["parallel"]
+        self.name, self.parallel, self.gpus = info["name"], info["parallel"], len(info["devices"])
         self.lost = False
         self.watch = Stopwatch()
 

@@ -356,6 +356,11 @@ class Runners:
         return sum(r.parallel for r in self.each)
 
     @property
+    def gpus(self) -> int:
+        """GPUs the group measures on (lost ones too: the measurer counts the live ones itself)."""
+        return sum(r.gpus for r in self.each)
+
+    @property
     def lost(self) -> bool:
         """Every device of the group is gone."""
         return all(r.lost for r in self.each)

@@ -18,6 +18,7 @@ class Runner(Protocol):
 
     watch: Stopwatch  # the check and timing seconds it spent (device-seconds, for the breakdown)
     parallel: int  # candidates it measures at once (a cluster host compiles and measures several)
+    gpus: int  # GPUs it measures on (a group: all of its runners'; a cluster host: all of the host's)
     lost: bool  # its device is gone for this run (a group: its first device)
 
     @property
@@ -60,6 +61,7 @@ class OneRunner:
     candidate at a time, gains no runners mid-run, and has a stopwatch."""
 
     parallel = 1
+    gpus = 1
     lost = False
     restarts = 0
     watch: Stopwatch
