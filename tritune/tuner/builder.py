@@ -20,7 +20,7 @@ from tritune.records.result import Status
 from tritune.schedules.config import Config
 from tritune.tuner.breakdown import Stopwatch
 from tritune.tuner.worker.failures import classify
-from tritune.tuner.worker.lifeline import bind_to_parent
+from tritune.tuner.worker.lifeline import bind_to_parent, start_lasting
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,16 @@ def warm_pool_process(target: Any) -> None:
 
     expr = parse_expr("matmul", "256", "fp16")
     build_one(expr, DEFAULT, family("matmul").canonical_problem(expr), target, 0)
+
+
+class _Pool(ProcessPoolExecutor):
+    """A process pool whose processes all start from the process's lasting thread (`start_lasting`):
+    a pool starts its processes from whichever thread submits when none is idle, and a pool
+    replaced after a compiler crash was filled by a workload's loop or measuring thread, whose end
+    killed them (their lifeline is tied to the thread that started them)."""
+
+    def _spawn_process(self) -> None:
+        start_lasting(super()._spawn_process)
 
 
 class PoolShares:
@@ -134,8 +144,8 @@ class Builder:
 
     def _new_pool(self, workers: int | None = None) -> ProcessPoolExecutor:
         # spawn: the parent may hold CUDA or thread state that a fork would copy
-        return ProcessPoolExecutor(workers or self.workers, mp_context=mp.get_context("spawn"),
-                                   initializer=_pool_process, initargs=(os.getpid(),))
+        return _Pool(workers or self.workers, mp_context=mp.get_context("spawn"),
+                     initializer=_pool_process, initargs=(os.getpid(),))
 
     def spawn(self) -> None:
         """Start every pool process now and import the compiler in each, before the target is

@@ -18,7 +18,7 @@ from tritune.records.result import MeasureResult, Status
 from tritune.schedules.config import Config
 from tritune.tuner.breakdown import Stopwatch
 from tritune.tuner.worker.failures import classify
-from tritune.tuner.worker.lifeline import bind_to_parent
+from tritune.tuner.worker.lifeline import bind_to_parent, start_lasting
 from tritune.tuner.timing import Timing
 from tritune.tuner.worker.protocol import OneRunner
 
@@ -122,7 +122,6 @@ class LocalRunner(OneRunner):
         self._closed = False  # stopped for good: a measurement cut short by that starts no new worker
         # the worker's check and timing seconds, and worker starts (shared by a group's runners)
         self.watch = watch or Stopwatch()
-        self._starter: ThreadPoolExecutor | None = None  # starts the worker processes (`_spawn`)
         self._judge = LocalRunner(timing, timeout_s, seed, handlers, device, Stopwatch(), self.host) if judge else None
         # the one thread that asks the second worker, in order: a head-to-head after the compiles
         # asked for before it, and no caller waits for a compile it did not ask the result of
@@ -152,23 +151,17 @@ class LocalRunner(OneRunner):
         self._starts += 1
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(target=_serve, args=(child, self._handlers, self.timing, os.getpid()), daemon=True)
-        # started from a thread of this runner's own, which lives as long as the runner: the kernel
-        # kills a child when the *thread* that started it ends (PR_SET_PDEATHSIG), and a worker
-        # started again by a measuring thread (ended with its workload), or a head-to-head worker
-        # started by a background request, died with that thread. Only a started process is kept
-        # (closing one that never started failed).
-        self._starter_thread().submit(proc.start).result()
+        # started from the process's lasting thread: the kernel kills a child when the *thread* that
+        # started it ends (PR_SET_PDEATHSIG), and a worker started again by a measuring thread (ended
+        # with its workload), or a head-to-head worker started by a background request, died with
+        # that thread. Only a started process is kept (closing one that never started failed).
+        start_lasting(proc.start)
         self._proc = proc
         child.close()
         self._conn = parent
         # handshake, so that start-up (torch import, CUDA init) never counts against a candidate
         parent.send(("info", {"device": self.device}))
         self._awaiting = True
-
-    def _starter_thread(self) -> ThreadPoolExecutor:
-        if self._starter is None:
-            self._starter = ThreadPoolExecutor(1, thread_name_prefix="tritune-worker-start")
-        return self._starter
 
     def _handshake(self) -> None:
         self._awaiting = False
@@ -304,9 +297,6 @@ class LocalRunner(OneRunner):
             except (BrokenPipeError, OSError):
                 pass
         self._kill()
-        if self._starter is not None:
-            self._starter.shutdown(wait=False)
-            self._starter = None
 
     def __enter__(self) -> "LocalRunner":
         return self
