@@ -1,0 +1,104 @@
+"""Where a decode step's wall time goes under CUDA graphs: the host's cost of torch's CUDA-graph
+trees (Inductor `reduce-overhead`) against a plain CUDA graph replayed around Inductor's default
+lowering (inputs copied into the captured buffers, outputs cloned), and against the floor (a graph
+of the whole model call replayed by hand, no torch.compile on the way). Each zoo model's decode
+step, all variants in one process, timed in turns (mean per step of steps back to back).
+
+    python -m scripts.probes.graph_replay_probe --models gpt2,llama --batch 16
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+
+def plain_graph(fn, inputs):
+    """fn(*inputs) captured once in a CUDA graph; each call copies `inputs`' values in, replays and
+    clones the outputs."""
+    import torch
+
+    static = [x.clone() for x in inputs]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn(*static)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(*static)
+
+    def call(*args):
+        for s, a in zip(static, args):
+            s.copy_(a)
+        graph.replay()
+        return out.clone()
+    return call
+
+
+def lean_backend(gm, example_inputs):
+    """Inductor's default lowering replayed from one plain CUDA graph (parameters stay in place)."""
+    import torch
+    from torch._inductor.compile_fx import compile_fx
+
+    compiled = compile_fx(gm, list(example_inputs))
+    # Inductor's callable may take its arguments boxed (one list it empties)
+    fn = (lambda *a: compiled(list(a))) if getattr(compiled, "_boxed_call", False) else compiled
+    params = {i for i, x in enumerate(example_inputs) if isinstance(x, torch.nn.Parameter)}
+    state = {"calls": 0}
+
+    def call(*args):
+        if "graph" not in state:
+            state["calls"] += 1
+            if state["calls"] < 3:
+                return fn(*args)
+            state["static"] = [a if i in params else a.clone() for i, a in enumerate(args)]
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                state["out"] = fn(*state["static"])
+            state["graph"] = graph
+        for i, (s, a) in enumerate(zip(state["static"], args)):
+            if i not in params:
+                s.copy_(a)
+        state["graph"].replay()
+        return [o.clone() for o in state["out"]]
+    return call
+
+
+def main() -> None:
+    import torch
+
+    from tritune.tuner.model import zoo
+    from tritune.tuner.timing import in_turns, per_call_ms, step_caller
+
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--models", default="gpt2,llama")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=10)
+    args = p.parse_args()
+    for name in args.models.split(","):
+        torch._dynamo.reset()
+        model = getattr(zoo, name)().cuda().half().eval()
+        hidden = model.model.config.hidden_size
+        x = torch.randn(args.batch, 1, hidden, device="cuda", dtype=torch.half)
+        with torch.no_grad():
+            ro = torch.compile(model, mode="reduce-overhead")
+            default = torch.compile(model)
+            lean = torch.compile(model, backend=lean_backend)
+            for f in (ro, default, lean):
+                for _ in range(4):
+                    step_caller(f, (x,), f is ro)()
+            floor = plain_graph(default, (x,))
+            fns = {"reduce-overhead": step_caller(ro, (x,), True), "default": lambda: default(x),
+                   "lean graph": lambda: lean(x), "hand graph": lambda: floor(x)}
+            ref = default(x).float()
+            for key in ("lean graph", "hand graph"):
+                err = (fns[key]().float() - ref).abs().max().item()
+                print(f"{name}: {key} max |diff| vs default {err:.3g}")
+            times = in_turns(fns, per_call_ms, args.rounds)
+        print(f"{name} decode {args.batch}: " + ", ".join(
+            f"{k} {statistics.median(v) * 1e3:.1f} us" for k, v in times.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
