@@ -42,12 +42,14 @@ def lean_backend(gm, example_inputs):
     from torch._inductor.compile_fx import compile_fx
 
     compiled = compile_fx(gm, list(example_inputs))
-    # Inductor's callable may take its arguments boxed (one list it empties)
-    fn = (lambda *a: compiled(list(a))) if getattr(compiled, "_boxed_call", False) else compiled
+    boxed = getattr(compiled, "_boxed_call", False)  # called with one list of arguments, which it empties
+    fn = (lambda *a: compiled(list(a))) if boxed else compiled
     params = {i for i, x in enumerate(example_inputs) if isinstance(x, torch.nn.Parameter)}
     state = {"calls": 0}
 
     def call(*args):
+        if boxed:
+            args = tuple(args[0])
         if "graph" not in state:
             state["calls"] += 1
             if state["calls"] < 3:
@@ -62,6 +64,7 @@ def lean_backend(gm, example_inputs):
                 s.copy_(a)
         state["graph"].replay()
         return [o.clone() for o in state["out"]]
+    call._boxed_call = boxed
     return call
 
 
