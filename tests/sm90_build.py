@@ -31,7 +31,8 @@ def replay(expr, config):
             return lambda *args, **kwargs: launched.append((self.fn, args, kwargs))
 
     tuned_op.wrap_triton = Capture
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[expr.dtype]
+    dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "bool": torch.bool}
+    dtype = dtypes[expr.dtype]
     with FakeTensorMode():
         def empty(*shape):
             return torch.empty(shape, dtype=dtype, device="cuda")
@@ -39,8 +40,12 @@ def replay(expr, config):
         def weight(n):  # the graph's [K, N] operand of a weight stored [N, K] (or [K, N])
             return empty(n, expr.k).t() if expr.trans_b else empty(expr.k, n)
         site = tuned_op.site(tuned_op.spec_of(expr, config))
-        norm = None if expr.norm_eps is None else empty(expr.k)  # a row norm's weight
-        if expr.op == "wide":
+        norm = None if getattr(expr, "norm_eps", None) is None else empty(expr.k)  # a row norm's weight
+        if expr.op == "attention":
+            mask = None if expr.mask is None else torch.empty(expr.mask_shape(), dtype=dtypes[expr.mask], device="cuda")
+            site(empty(expr.batch, expr.heads, expr.lq, expr.d), *[empty(expr.batch, expr.heads, expr.lk, expr.d)] * 2,
+                 mask)
+        elif expr.op == "wide":
             site(empty(expr.m, expr.k), [weight(n) for n in expr.ns], [empty(n) for n in expr.ns] if expr.bias else [],
                  norm)
         elif expr.op == "gated":
@@ -49,7 +54,8 @@ def replay(expr, config):
             site(empty(expr.m, expr.k), weight(expr.n), empty(expr.n) if expr.has_bias else None, [], norm)
     (fn, args, kwargs), = launched
     values = {**dict(zip(fn.arg_names, args)), **kwargs}
-    types = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
+    types = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32",
+             torch.bool: "*i1"}
     signature = {n: types[values[n].dtype] if isinstance(values[n], torch.Tensor) else "constexpr"
                  for n in fn.arg_names}
     constants = {(i,): values[n] for i, n in enumerate(fn.arg_names) if signature[n] == "constexpr"}

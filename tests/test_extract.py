@@ -37,10 +37,13 @@ def test_transformer_block():
     # on the device it runs on: on meta, attention would trace as its math form (two bmm)
     model = Block(hidden=64, heads=4).half()
     tasks = tritune.extract_tasks(model, torch.empty(2, 24, 64, dtype=torch.float16))
-    # q, k, v as one wide GEMM; o and down with their residual add fused
-    assert summary(tasks) == [("wide 48x(64+64+64)x64 fp16 +bias", 1), ("matmul 48x64x64 fp16 NT+bias+add", 1),
-                              ("matmul 48x256x64 fp16 NT+bias+gelu", 1), ("matmul 48x64x256 fp16 NT+bias+add", 1)]
-    assert tasks[1].expr.inputs == (Input("mn", "fp16"),) and not any(t.unfused for t in tasks)
+    # q, k, v as one wide GEMM; attention (24 query rows a head: few enough); o and down with their
+    # residual add fused
+    assert summary(tasks) == [("wide 48x(64+64+64)x64 fp16 +bias", 1),
+                              ("attention 2x4 q24 k24 d16 fp16 causal out bqhd", 1),
+                              ("matmul 48x64x64 fp16 NT+bias+add", 1), ("matmul 48x256x64 fp16 NT+bias+gelu", 1),
+                              ("matmul 48x64x256 fp16 NT+bias+add", 1)]
+    assert tasks[2].expr.inputs == (Input("mn", "fp16"),) and not any(t.unfused for t in tasks)
 
 
 class Shared(nn.Module):

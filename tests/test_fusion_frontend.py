@@ -14,7 +14,7 @@ import tritune
 from models import Fusions, GatedMLP, Projections, fusions_inputs
 from tritune.kernels.device import device_info
 from tritune.kernels.epilogue import BiasAdd, Binary, Clamp, Input, Pow, Relu, Scale, Unary
-from tritune.kernels.family import device_key
+from tritune.kernels.family import device_key, family
 from tritune.kernels.frontend import graph, ops, tuned_op
 from tritune.kernels.gated.expr import Gated
 from tritune.kernels.wide.expr import Wide
@@ -102,16 +102,18 @@ def test_zoo_models_llama_gated_and_residuals_gpt2_pointwise_gelu():
     assert "matmul 12x32000x64 fp32 NT rmsnorm" in kinds
     assert sum(t.expr.epilogue == (Binary("add", Input("mn", "fp32")),) for t in llama if t.expr.op == "matmul") == 2
     gpt2 = tritune.extract_tasks(zoo.gpt2(hidden=64, layers=1).eval(), (torch.randn(1, 12, 64),))
-    up = next(t for t in gpt2 if t.expr.n == 256)
+    up = next(t for t in gpt2 if t.expr.op == "matmul" and t.expr.n == 256)
     assert up.expr.epilogue == (BiasAdd(), *GELU_TANH) and up.expr.trans_b is False  # Conv1D: [K, N] weights
     assert not any(t.unfused for t in gpt2) and not any(t.expr.op == "wide" for t in gpt2)  # c_attn: q, k, v in one
 
 
 def store(path, exprs, library=()):
-    """A database where each expression's best is FAST (gated: FUSE 1 for 16-bit), or a library call."""
+    """A database where each expression's best is FAST (gated: FUSE 1 for 16-bit; attention: its
+    family's default), or a library call."""
     db = Database(path)
     for expr in exprs:
         config = FAST.replace(FUSE=int(expr.dtype != "fp32")) if expr.op == "gated" else FAST
+        config = family("attention").default_config(expr) if expr.op == "attention" else config
         results = [MeasureResult(config, Status.OK, 1.0, 1.0, 1.0, 1.0)]
         if expr in library:
             results.append(MeasureResult(Config.of(library="mm"), Status.OK, *[0.9] * 4))
@@ -136,7 +138,7 @@ class Everything(nn.Module):
 @pytest.fixture
 def launched(monkeypatch):
     calls = []
-    for cls in (tuned_op.Site, tuned_op.GatedSite, tuned_op.WideSite):
+    for cls in (tuned_op.Site, tuned_op.GatedSite, tuned_op.WideSite, tuned_op.AttentionSite):
         original = cls.__call__
         monkeypatch.setattr(cls, "__call__", lambda self, *a, _o=original: calls.append(self.expr) or _o(self, *a))
     return calls

@@ -80,8 +80,10 @@ def qwen2_config_eps() -> float:
 def test_qwen2_decode_sites_are_one_wide_qkv_with_biases_and_one_gated_mlp():
     found = sites("qwen2")
     kinds = [type(s).__name__ for s in found]
-    assert kinds == ["WideMatch", "Match", "GatedMatch", "Match", "Match"]
-    qkv, o, mlp, down, head = found
+    assert kinds == ["WideMatch", "AttentionMatch", "Match", "GatedMatch", "Match", "Match"]
+    qkv, attention, o, mlp, down, head = found
+    # transformers folds the 4 query heads of each of the 4 k/v heads into its query rows
+    assert (attention.expr.heads, attention.expr.lq, attention.expr.lk, attention.expr.mask) == (4, 4, 1, "fp32")
     # the layer's input norm goes into q/k/v's prologue, the post-attention norm into gate/up's,
     # the final norm into the LM head's
     eps = qwen2_config_eps()
@@ -96,6 +98,8 @@ def test_qwen2_decode_sites_are_one_wide_qkv_with_biases_and_one_gated_mlp():
 def test_neox_decode_sites_fuse_the_parallel_residual_into_the_attention_output():
     found = sites("neox")
     # no wide or gated site: q, k, v are already one Linear (query_key_value), and the MLP is not gated
+    assert [type(s).__name__ for s in found].count("AttentionMatch") == 1
+    found = [s for s in found if type(s).__name__ != "AttentionMatch"]
     assert all(type(s) is graph.Match and isinstance(s.expr, Matmul) for s in found)
     qkv, dense, up, down, head = found
     add = Binary("add", Input("mn", "fp32"))

@@ -41,13 +41,18 @@ def block_d(expr: Attention) -> int:
     return max(MMA_ROWS, _pow2(expr.d))
 
 
-def out_strides(expr: Attention) -> tuple[int, int, int, int]:
-    """The output's strides (b, h, q, d) when it is dense in `expr.out_order`."""
-    sizes = dict(zip(OUT_DIMS, (expr.batch, expr.heads, expr.lq, expr.d)))
-    strides, step = {}, 1
-    for dim in reversed(expr.out_order):
-        strides[dim], step = step, step * sizes[dim]
-    return tuple(strides[dim] for dim in OUT_DIMS)
+def dense_strides(shape: tuple[int, ...], order: str) -> tuple[int, ...]:
+    """The strides of a dense [B, H, Lq, D] tensor laid out in `order` (of "bhqd", outermost first)."""
+    strides, step = [0] * 4, 1
+    for dim in reversed(order):
+        i = OUT_DIMS.index(dim)
+        strides[i], step = step, step * shape[i]
+    return tuple(strides)
+
+
+def out_strides(expr: Attention) -> tuple[int, ...]:
+    """The output's strides (b, h, q, d), dense in `expr.out_order`."""
+    return dense_strides((expr.batch, expr.heads, expr.lq, expr.d), expr.out_order)
 
 
 def _mask_strides(expr: Attention) -> tuple[int, int, int, int]:

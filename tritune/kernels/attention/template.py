@@ -73,7 +73,8 @@ def {name}(
         else:
             s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], 2)
         if MASK:  # (a launch without a mask passes None for it: no pointer arithmetic on it)
-            m_ptrs = Mask + off_b * stride_mb + off_h * stride_mh + rows[:, None] * stride_mq + keys[None, :] * stride_mk
+            m_ptrs = (Mask + off_b * stride_mb + off_h * stride_mh + rows[:, None] * stride_mq
+                      + keys[None, :] * stride_mk)
             m_ok = row_ok[:, None] & key_ok[None, :]
             if MASK == 1:  # additive
                 s += tl.load(m_ptrs, mask=m_ok, other=0.0).to(tl.float32) * LOG2E

@@ -4,10 +4,10 @@ The model is captured with torch.export (nothing is computed, so uninitialised w
 `model.to_empty(device=...)`), traced to the normal form the torch.compile backend matches on
 (`graph.aten_graph`), and every contraction with its fusable epilogue (`graph.find`: any chain of
 elementwise ops, residuals and row / column vectors as extra inputs), every gated pair
-act(x @ W1ᵀ) * (x @ W2ᵀ) and every wide group (2 or 3 projections of one input: q, k, v) becomes
-a task; equal workloads are counted once. Capture on the device the model runs on: ops that pick
-their kernel by device trace differently elsewhere (on "meta", attention becomes its math form,
-with two bmm).
+act(x @ W1ᵀ) * (x @ W2ᵀ), every wide group (2 or 3 projections of one input: q, k, v) and every
+attention of at most 64 query rows per head (decode) becomes a task; equal workloads are counted
+once. Capture on the device the model runs on: ops that pick their kernel by device trace
+differently elsewhere (on "meta", attention becomes its math form, with two bmm).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 # first_line is also kept importable from here for one release: tuner modules import it from extract
 from tritune.errors import first_line
+from tritune.kernels.attention.expr import Attention
 from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.gated.expr import Gated
 from tritune.kernels.wide.expr import Wide
@@ -27,10 +28,10 @@ class ExtractError(ValueError):
 
 @dataclass(frozen=True)
 class ModelTask:
-    """One distinct workload of a model (a contraction and its epilogue, a gated pair, or a wide
-    group), how often a forward pass runs it, and the elementwise ops after it that did not fuse."""
+    """One distinct workload of a model (a contraction and its epilogue, a gated pair, a wide group,
+    or attention), how often a forward pass runs it, and the elementwise ops after it that did not fuse."""
 
-    expr: Matmul | Gated | Wide
+    expr: Matmul | Gated | Wide | Attention
     count: int
     unfused: tuple[str, ...] = ()
 
@@ -46,8 +47,9 @@ class ModelTask:
 
 
 def extract_tasks(model: Any, example_inputs: Any, *, allow_tf32: bool | None = None) -> list[ModelTask]:
-    """The contraction, gated and wide workloads of `model(*example_inputs)`, deduplicated with counts,
-    in the order the model first runs them. allow_tf32 (fp32 models) defaults to torch's matmul precision setting.
+    """The contraction, gated, wide and attention workloads of `model(*example_inputs)`, deduplicated
+    with counts, in the order the model first runs them. allow_tf32 (fp32 models) defaults to torch's
+    matmul precision setting.
     """
     import torch
 

@@ -3,6 +3,7 @@ after it (`epilogue_match`), gated pairs act(x @ W1ᵀ [+ b1]) * (x @ W2ᵀ [+ b
 2 or 3 projections of one input with no epilogue but their bias (q, k, v) as one wide site.
 Outer products (K = 1, e.g. rotary embeddings' position x frequency) are no contraction worth a kernel.
 A site whose input is an RMSNorm's output read by it alone takes the norm into its kernel (`norm_match`).
+Attention over a few query rows (torch's SDPA in any of its ATen forms) is a site of its own (`attention_match`).
 
 Task extraction and the torch.compile backend match on one normal form (`aten_graph`): the model
 traced to ATen ops on fake tensors, where linear and matmul have decomposed into t / view +
@@ -20,6 +21,8 @@ import torch.fx as fx
 from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.epilogue import BiasAdd, Binary, Gelu, Scale, Unary
 from tritune.kernels.expr import ExprError
+from tritune.kernels.frontend import attention_match
+from tritune.kernels.frontend.attention_match import AttentionMatch
 from tritune.kernels.frontend.epilogue_match import (ALIASES, MAX_NODES, VIEWS, Scope, follow, is_view_of, static,
                                                      val, written)
 from tritune.kernels.frontend.helpers import DTYPE_NAMES, contraction_expr, layout_of
@@ -98,7 +101,7 @@ class WideMatch:
         return ", ".join(p.unfused for p in self.projections if p.unfused)
 
 
-Matched = Match | GatedMatch | WideMatch  # every kind of site `find` returns
+Matched = Match | GatedMatch | WideMatch | AttentionMatch  # every kind of site `find` returns
 
 
 def aten_graph(fn: Callable, args: Sequence[Any], fake_mode: Any = None) -> fx.GraphModule:
@@ -124,7 +127,7 @@ def tf32_allowed() -> bool:
 def find(gm: fx.GraphModule, allow_tf32: bool = True) -> list[Matched]:
     """Every site of the graph a tritune kernel can compute, in graph order: contractions (a later
     one does not fuse ops an earlier one already did), gated pairs and wide groups, which carry
-    the matches of their contractions instead of listing them."""
+    the matches of their contractions instead of listing them, and attention."""
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     matches: dict[fx.Node, Match] = {}
@@ -143,6 +146,7 @@ def find(gm: fx.GraphModule, allow_tf32: bool = True) -> list[Matched]:
             del matches[p.node]
         sites[w.node] = w
     sites.update(matches)
+    sites.update((m.node, m) for m in attention_match.find(calls))
     return [_normed(sites[n]) for n in sorted(sites, key=order.__getitem__)]
 
 
@@ -152,7 +156,7 @@ def _normed(site: Matched) -> Matched:
         inputs = tuple(p.a for p in site.projections)
     elif isinstance(site, GatedMatch):
         inputs = tuple(_operands(n)[0] for n in (site.node, site.up))
-    elif site.node.target in (A.mm.default, A.addmm.default):
+    elif isinstance(site, Match) and site.node.target in (A.mm.default, A.addmm.default):
         inputs = (site.a,)
     else:
         return site

@@ -92,3 +92,18 @@ def wide(edit: GraphEdit, m: graph.WideMatch, spec: str, op: Any) -> None:
         call.meta["val"] = [graph.val(p.node) for p in m.projections]
         for i, p in enumerate(m.projections):
             edit.stand_in(p, g.call_function(operator.getitem, (call, i)))
+
+
+def attention(edit: GraphEdit, m: graph.AttentionMatch, spec: str, op: Any) -> None:
+    """op(q, k, v, mask, spec) where the SDPA node was, its output replacing every read of the
+    node's attention output. The node goes too: dead-code elimination keeps the SDPA ops that may
+    draw random numbers for dropout (the mask's broadcast copies it leaves to it)."""
+    g, get = edit.graph, edit.get
+    with g.inserting_before(m.node):
+        call = g.call_function(op, (get(m.q), get(m.k), get(m.v), None if m.mask is None else get(m.mask), spec))
+    call.meta["val"] = graph.val(m.outputs[0])
+    for out in m.outputs:
+        out.replace_all_uses_with(call)
+        edit.replaced[out] = call
+        g.erase_node(out)
+    g.erase_node(m.node)  # the site reads nothing else of it

@@ -6,11 +6,13 @@
                                                 w1 and w2 the [K, N] operands of the products
     torch.ops.tritune.wide(x, ws, bs, spec, norm=None)              [x @ w_i (+ b_i) for each w_i], the
                                                 [K, N_i] operands; bs empty without biases
+    torch.ops.tritune.attention(q, k, v, mask, spec)                softmax(scale·q·kᵀ + mask)·v, q [B,H,Lq,D],
+                                                k, v [B,H,Lk,D], mask None or broadcast to [B,H,Lq,Lk]
 
 `norm`: the weight [K] of the RMSNorm the site reads its input (a, x) through, where its
 expression has one (`tritune.kernels.norm`); the input is then the norm's input.
 
-Each kind of site (a contraction with its epilogue, a gated pair, a wide group) is one `SiteKind`
+Each kind of site (a contraction with its epilogue, a gated pair, a wide group, attention) is one `SiteKind`
 of `KINDS`: its match, how the graph is rewritten for it, its replay site and its op. A new fused
 pattern is one more entry (and its functions), not a branch in the backend.
 
@@ -36,12 +38,15 @@ from typing import Any, Callable, ClassVar, Optional
 import torch
 from torch.library import triton_op, wrap_triton
 
+from tritune.kernels.attention import launch as attention_launch
+from tritune.kernels.attention.expr import Attention
+from tritune.kernels.attention.family import sdpa
 from tritune.kernels.codegen import use_torch_scratch
 from tritune.kernels.contraction import launch
 from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.contraction.family import MATMUL
 from tritune.kernels.device import current_sms, interpreted
-from tritune.kernels.frontend import graph, rewrites
+from tritune.kernels.frontend import attention_match, graph, rewrites
 from tritune.kernels.frontend.helpers import DTYPE_NAMES, input_problem, layout_of
 from tritune.kernels.frontend.norm_match import without_norm
 from tritune.kernels.gated import launch as gated_launch
@@ -56,7 +61,7 @@ log = logging.getLogger("tritune.compiler")
 _misfits: set[Any] = set()
 
 
-def spec_of(expr: Matmul | Gated | Wide, config: Config) -> str:
+def spec_of(expr: Matmul | Gated | Wide | Attention, config: Config) -> str:
     """The op's spec for one call site: the expression and the config to run."""
     return json.dumps({"expr": expr.to_dict(), "config": json.loads(config.to_json())}, sort_keys=True,
                       separators=(",", ":"))
@@ -229,6 +234,43 @@ class WideSite(_OneKernel):
                                                         (True,) * (1 + 3 * len(ws))))
 
 
+class AttentionSite(_OneKernel):
+    """One attention call site."""
+
+    launch = attention_launch
+
+    def empty_out(self, q: Any) -> Any:
+        """A fresh [B, H, Lq, D] output laid out as the op it replaces laid out its own."""
+        e = self.expr
+        sizes = dict(zip("bhqd", (e.batch, e.heads, e.lq, e.d)))
+        # allocated from q, as the other sites allocate theirs: a factory call would not be traced as fake
+        out = q.new_empty([sizes[c] for c in e.out_order])
+        return out if e.out_order == "bhqd" else out.permute([e.out_order.index(c) for c in "bhqd"])
+
+    def __call__(self, q: Any, k: Any, v: Any, mask: Any) -> Any:
+        expr, out = self.expr, self.empty_out(q)
+        if not self.fits(q, k, v, mask):
+            _misfit(self)
+            return out.copy_(sdpa(expr, q, k, v, None, mask))  # the layout the graph was traced with
+        ints = dict(zip(attention_launch.template.int_names(), attention_launch.ints_of(expr, q, k, v, out, mask)))
+        self.run(q, k, v, out, mask, **ints)
+        return out
+
+    def fits(self, q: Any, k: Any, v: Any, mask: Any) -> bool:
+        """Whether q, k, v have the tuned shapes and dtype, and the mask (or its absence) the tuned
+        kind and broadcast pattern, all aligned."""
+        e = self.expr
+        keys = (e.batch, e.heads, e.lk, e.d)
+        if tuple(q.shape) != (e.batch, e.heads, e.lq, e.d) or not tuple(k.shape) == tuple(v.shape) == keys:
+            return False
+        if any(DTYPE_NAMES.get(str(t.dtype)) != e.dtype for t in (q, k, v)) or not aligned(q, k, v, mask):
+            return False
+        if mask is None:
+            return e.mask is None
+        kind = "bool" if mask.dtype == torch.bool else DTYPE_NAMES.get(str(mask.dtype))
+        return kind == e.mask and attention_match.mask_dims(mask, (e.batch, e.heads, e.lq, e.lk)) == e.mask_dims
+
+
 def norm_fits(expr: Any, norm: Any) -> bool:
     """Whether a call's norm weight is what the site was tuned for: none without a norm, else a
     contiguous, aligned [K] vector in the tuned dtype."""
@@ -268,6 +310,12 @@ def wide(x: torch.Tensor, ws: list[torch.Tensor], bs: list[torch.Tensor], spec: 
          norm: Optional[torch.Tensor] = None) -> list[torch.Tensor]:
     """[x @ w_i (+ b_i)] by the tuned kernel of `spec` (a fresh [M, N_i] output each)."""
     return site(spec)(x, ws, bs, norm)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+              spec: str) -> torch.Tensor:
+    """softmax(scale·q·kᵀ [+ mask])·v by the tuned kernel of `spec` (a fresh output)."""
+    return site(spec)(q, k, v, mask)
 
 
 @dataclass(frozen=True)
@@ -315,6 +363,8 @@ KINDS = (
              fake=lambda x, w1, w2, b1, b2, spec, norm=None: x.new_empty((site(spec).expr.m, site(spec).expr.n))),
     SiteKind(match=graph.WideMatch, expr=Wide, members=_projections, rewrite=rewrites.wide,
              site=WideSite, body=wide, fake=lambda x, ws, bs, spec, norm=None: site(spec).empty_outs(x)),
+    SiteKind(match=graph.AttentionMatch, expr=Attention, members=lambda m: (), rewrite=rewrites.attention,
+             site=AttentionSite, body=attention, fake=lambda q, k, v, mask, spec: site(spec).empty_out(q)),
 )
 _BY_OP = {kind.expr.op: kind for kind in KINDS}
 _BY_MATCH = {kind.match: kind for kind in KINDS}
@@ -338,4 +388,4 @@ def _register(kind: SiteKind) -> None:
 
 for _kind in KINDS:
     _register(_kind)
-OP, GATED_OP, WIDE_OP = (kind.op for kind in KINDS)
+OP, GATED_OP, WIDE_OP, ATTENTION_OP = (kind.op for kind in KINDS)

@@ -1,0 +1,256 @@
+"""The attention site: torch's SDPA in each of its ATen forms found by its signature (and left alone
+where a kernel of few query rows does not compute it), extracted as tasks from the zoo's decoders at
+decode shape (none at prefill), and replayed by the backend on CPU (interpreter kernels) matching
+eager; a call whose operands were not tuned runs torch; the replayed kernel builds for sm_90."""
+from collections import Counter
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tritune
+from test_codegen_sm90 import build_sm90
+
+from tritune.kernels.attention.expr import Attention
+from tritune.kernels.device import device_info
+from tritune.kernels.family import device_key
+from tritune.kernels.frontend import graph, tuned_op
+from tritune.kernels.frontend.attention_match import AttentionMatch
+from tritune.kernels.frontend.compiler import rewrite
+from tritune.records.database import Database
+from tritune.records.result import MeasureResult, Status
+from tritune.schedules.config import Config
+from tritune.tuner.model import zoo
+
+A = torch.ops.aten
+H = 64  # hidden: 16 heads of 4
+CONFIG = Config.of(BLOCK_N=16, DOT=0, num_warps=2, num_stages=1)
+MMA = Config.of(BLOCK_N=16, DOT=1, num_warps=4, num_stages=2)
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def attention_calls(monkeypatch):
+    calls = []
+    original = tuned_op.AttentionSite.__call__
+
+    def counting(self, *args):
+        calls.append(self.expr.describe())
+        return original(self, *args)
+    monkeypatch.setattr(tuned_op.AttentionSite, "__call__", counting)
+    return calls
+
+
+def store(path, exprs, config=CONFIG):
+    db = Database(path)
+    for expr in exprs:
+        db.add_workload(expr.key, expr.op, expr.dtype, expr.to_json())
+        db.save(expr.key, device_key(device_info(), expr.op), [MeasureResult(config, Status.OK, 1.0, 1.0, 1.0, 1.0)])
+    db.close()
+    return path
+
+
+def rel(out, ref):
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def efficient(q, k, v, m):  # as torch's CUDA dispatch calls it: the mask padded, sliced back, expanded
+    bias = A.constant_pad_nd(m, [0, 7])[..., :m.shape[-1]].expand(*q.shape[:3], k.shape[2])
+    return A._scaled_dot_product_efficient_attention(q, k, v, bias, False, scale=0.3)[0]
+
+
+VARIANTS = {
+    "efficient": (efficient, dict(scale=0.3)),
+    "flash": (lambda q, k, v, m: A._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[0], dict(is_causal=True)),
+    "cudnn": (lambda q, k, v, m: A._scaled_dot_product_cudnn_attention(q, k, v, m, False)[0], dict(mask=True)),
+    "cpu": (lambda q, k, v, m: A._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=m)[0],
+            dict(mask=True)),
+    "overrideable": (lambda q, k, v, m: A._scaled_dot_product_fused_attention_overrideable(q, k, v, m)[0],
+                     dict(mask=True)),
+}
+
+
+def operands(dtype=torch.float16, lq=3, lk=37):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, lq, 16), torch.randn(2, 3, lk, 16), torch.randn(2, 3, lk, 16)
+    mask = torch.randn(2, 1, 1, lk).masked_fill(torch.rand(2, 1, 1, lk) < 0.2, float("-inf"))
+    mask[..., 0] = 0
+    return [t.to(dtype) for t in (q, k, v, mask)]
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_each_sdpa_form_is_found_by_its_signature_and_replayed(name):
+    fn, semantics = VARIANTS[name]
+    args = operands()
+    gm = graph.aten_graph(fn, args)
+    site, = graph.find(gm)
+    assert isinstance(site, AttentionMatch) and (site.expr.lq, site.expr.lk, site.expr.d) == (3, 37, 16)
+    assert site.expr.causal == semantics.get("is_causal", False)
+    assert site.expr.scale == semantics.get("scale", 0.25)
+    with_mask = "scale" in semantics or semantics.get("mask")
+    # the kernel reads the mask as the model made it: no padded, sliced, expanded copy
+    assert (site.mask is not None and site.mask.op == "placeholder") if with_mask else site.mask is None
+    assert site.expr.mask_dims == ("bk" if with_mask else "")
+    rewrite(gm, [(site, tuned_op.spec_of(site.expr, MMA))])
+    assert not any("scaled_dot_product" in str(n.target) for n in gm.graph.nodes)
+    q, k, v, m = args
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=site.expr.causal,
+                                         attn_mask=m.double() if with_mask else None, scale=site.expr.scale)
+    assert rel(gm(*args), ref) <= 2e-3
+
+
+def test_what_the_kernel_does_not_compute_stays_torchs():
+    q, k, v, m = operands()
+    cases = {
+        "dropout": lambda q, k, v, m: A._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.1, attn_mask=m)[0],
+        "log-sum-exp read": lambda q, k, v, m: A._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=m)[1],
+        "a mask and is_causal": lambda q, k, v, m: A._scaled_dot_product_efficient_attention(q, k, v, m, False,
+                                                                                            is_causal=True)[0],
+    }
+    for why, fn in cases.items():
+        assert graph.find(graph.aten_graph(fn, (q, k, v, m))) == [], why
+    cpu = VARIANTS["cpu"][0]
+    assert graph.find(graph.aten_graph(cpu, operands(lq=65))) == []  # prefill
+    assert graph.find(graph.aten_graph(cpu, operands(lq=64)))  # the most rows a kernel takes
+
+
+def small(name):
+    torch.manual_seed(0)
+    return getattr(zoo, name)(hidden=H, layers=2).eval()
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "neox"])
+def test_zoo_decoders_have_two_attention_sites_at_decode_and_none_at_prefill(name):
+    model = small(name)
+    decode = [s for s in graph.find(graph.aten_graph(model, (torch.randn(16, 1, H),))) if isinstance(s, AttentionMatch)]
+    assert len(decode) == 2 and all(s.expr.lk == 1 and s.expr.mask == "fp32" for s in decode)
+    tasks = [t for t in tritune.extract_tasks(model, (torch.randn(16, 1, H),)) if t.expr.op == "attention"]
+    assert [t.count for t in tasks] == [2] and tasks[0].expr.batch == 16
+    assert not any(t.expr.op == "attention" for t in tritune.extract_tasks(model, (torch.randn(1, 80, H),)))
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "neox"])
+def test_the_backend_replays_the_zoo_decoders_attention(tmp_path, attention_calls, name):
+    model, x = small(name), torch.randn(16, 1, H)
+    tasks = [t.expr for t in tritune.extract_tasks(model, (x,)) if t.expr.op == "attention"]
+    backend = tritune.compiler(store(tmp_path / "t.db", tasks), fallback="eager")
+    with torch.no_grad():
+        y = torch.compile(model, backend=backend, fullgraph=True)(x)
+        ref = model(x)
+    assert rel(y, ref) < 1e-5
+    assert Counter(s for _, s in backend.sites)["tuned"] == 2 and len(attention_calls) == 2
+
+
+class Speculative(nn.Module):
+    """A few new tokens per sequence attending to a cache of keys (prefilled elsewhere), with a
+    mask per sequence (or per head) and token."""
+
+    def __init__(self, heads=4, d=16):
+        super().__init__()
+        self.heads, self.d = heads, d
+        self.q, self.out = nn.Linear(heads * d, heads * d), nn.Linear(heads * d, heads * d)
+
+    def forward(self, x, k, v, mask):
+        b, t, _ = x.shape
+        q = self.q(x).view(b, t, self.heads, self.d).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.out(o.transpose(1, 2).reshape(b, t, -1))
+
+
+@pytest.mark.parametrize("mask_shape", [(3, 1, 5, 37), (1, 4, 5, 37), (5, 37)], ids=["per-sequence", "per-head", "2-D"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_backend_replays_attention_over_many_keys(tmp_path, attention_calls, mask_shape, dtype):
+    model = Speculative().to(dtype)
+    x, k, v = torch.randn(3, 5, 64, dtype=dtype), torch.randn(3, 4, 37, 16, dtype=dtype), torch.randn(3, 4, 37, 16,
+                                                                                                      dtype=dtype)
+    mask = torch.randn(mask_shape).to(dtype)
+    args = (x, k, v, mask)
+    tasks = [t.expr for t in tritune.extract_tasks(model, args) if t.expr.op == "attention"]
+    assert len(tasks) == 1 and (tasks[0].lq, tasks[0].lk) == (5, 37)
+    backend = tritune.compiler(store(tmp_path / "t.db", tasks, MMA), fallback="eager")
+    with torch.no_grad():
+        y = torch.compile(model, backend=backend, fullgraph=True)(*args)
+        ref = model.double()(*(a.double() for a in args))
+    assert rel(y, ref) <= (2e-3 if dtype == torch.float16 else 1e-5) and len(attention_calls) == 1
+
+
+def test_a_call_the_kernel_was_not_tuned_for_runs_torch_in_the_traced_layout(monkeypatch):
+    launched = []
+    original = tuned_op.wrap_triton
+    monkeypatch.setattr(tuned_op, "wrap_triton", lambda fn: launched.append(1) or original(fn))
+    expr = Attention(2, 3, 3, 37, 16, mask="fp16", mask_dims="bk", out_order="bqhd")
+    spec = tuned_op.spec_of(expr, CONFIG)
+    q, k, v, m = operands()
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=m.double())
+    for mask in (m, m.expand(2, 3, 3, 37).contiguous(), m.float()):  # tuned; varying along more dims; fp32
+        out = tuned_op.ATTENTION_OP(q, k, v, mask, spec)
+        assert rel(out, ref) <= 2e-3 and out.stride() == (144, 16, 48, 1)  # [B, Lq, H, D] in memory
+    assert launched == [1]
+
+
+def test_the_replayed_kernel_builds_for_sm90():
+    cases = [(Attention(16, 4, 4, 1, 128, mask="fp16", mask_dims="b"), CONFIG),
+             (Attention(16, 16, 1, 1024, 128, "bf16", out_order="bqhd"), MMA.replace(BLOCK_N=64, num_stages=3)),
+             (Attention(1, 16, 4, 4096, 64, mask="bool", mask_dims="bqk"), MMA)]
+    results = build_sm90(cases, replay=True)
+    # no mask: None for its pointer (specialised away, nothing passed per launch)
+    assert [r["nones"] for r in results] == [[], ["Mask"], []]
+
+
+ROUTE = """
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+
+class H100:  # the driver Inductor asks for a target when it reads which tensors a kernel writes
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+
+triton.runtime.driver.set_active(H100())
+from torch._subclasses.functional_tensor import dispatch_functionalize
+from torch.fx.experimental.proxy_tensor import make_fx
+from tritune.kernels.attention.expr import Attention
+from tritune.kernels.frontend import tuned_op
+from tritune.schedules.config import Config
+
+config = Config.of(BLOCK_N=64, DOT=1, num_warps=4, num_stages=3)
+with FakeTensorMode():  # CUDA tensors that need no GPU
+    q = torch.empty(16, 4, 4, 128, dtype=torch.float16, device="cuda")
+    k = torch.empty(16, 4, 1024, 128, dtype=torch.float16, device="cuda")
+    mask = torch.empty(16, 1, 1, 1024, dtype=torch.float16, device="cuda")
+for m, expr in ((mask, Attention(16, 4, 4, 1024, 128, mask="fp16", mask_dims="bk", out_order="bqhd")),
+                (None, Attention(16, 4, 4, 1024, 128))):
+    spec = tuned_op.spec_of(expr, config)
+    f = dispatch_functionalize(lambda q, k, v, m: torch.ops.tritune.attention(q, k, v, m, spec))
+    print(make_fx(f)(q, k, k, m).code)
+"""
+
+
+def test_a_compiled_graph_launches_the_attention_kernel_itself(tmp_path):
+    """What AOT autograd hands Inductor holds the kernel's launch, writing only its output, the
+    sizes and strides as constants, None for an absent mask. Real JIT functions, fake CUDA tensors."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITUNE_CACHE_DIR"] = str(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", ROUTE], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    masked, plain = proc.stdout.split("def forward")[1:]
+    for code in (masked, plain):
+        assert code.count("triton_kernel_wrapper_functional(") == 1 and "tensors_to_clone = ['Out']" in code
+        assert "'LK': 1024" in code and "'DOT': 1" in code and "scaled_dot_product" not in code
+    assert "'stride_mb': 1024, 'stride_mh': 0, 'stride_mq': 0, 'stride_mk': 1" in masked
+    assert "new_empty.default(arg0_1, [16, 4, 4, 128]" in masked and "permute" in masked  # [B, Lq, H, D] in memory
+    assert "'Mask'" not in plain and "'MASK': 0" in plain and "permute" not in plain

@@ -1,0 +1,157 @@
+"""Attention sites in a traced model: torch's scaled-dot-product attention as the ATen graph holds
+it, whichever backend the device picked (`_scaled_dot_product_flash_attention_for_cpu`,
+`_scaled_dot_product_efficient_attention`, `_scaled_dot_product_flash_attention`,
+`_scaled_dot_product_cudnn_attention`, ...). They are told apart by their signature, not their
+names: q, k, v, a mask (`attn_mask` or `attn_bias`), dropout_p, is_causal and scale; arguments that
+change only their other outputs (log-sum-exp, debug masks) are ignored, and any other argument
+must have its default. A node is a site when only its attention output is read, without dropout,
+with at most 64 query rows per (batch, head) (decode, speculative tokens: prefill stays torch's).
+
+Where torch padded and sliced the mask to align its rows and expanded it to [B, H, Lq, Lk] for a
+fused kernel (copies of the mask on every call), the site reads the mask before those steps: the
+kernel broadcasts it itself.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.fx as fx
+
+from tritune.kernels.attention.expr import MASK_DIMS, OUT_DIMS, Attention
+from tritune.kernels.attention.launch import dense_strides
+from tritune.kernels.expr import ExprError
+from tritune.kernels.frontend.epilogue_match import static, val
+from tritune.kernels.frontend.helpers import DTYPE_NAMES
+
+A = torch.ops.aten
+MASK_NAMES = ("attn_mask", "attn_bias")
+# arguments that shape only the other outputs (which a site leaves unread)
+IGNORED = ("compute_log_sumexp", "return_debug_mask")
+KNOWN = ("query", "key", "value", *MASK_NAMES, "dropout_p", "is_causal", "scale", "enable_gqa", *IGNORED)
+
+
+@dataclass(frozen=True)
+class AttentionMatch:
+    """One SDPA node computed by the attention kernel: its inputs, the mask as the kernel reads it
+    (None without one) and the nodes reading its attention output (`outputs`, getitem 0), which the
+    kernel's output replaces."""
+
+    expr: Attention
+    node: fx.Node
+    q: fx.Node
+    k: fx.Node
+    v: fx.Node
+    mask: fx.Node | None
+    outputs: tuple[fx.Node, ...]
+    unfused: str = ""
+
+
+def find(calls: Sequence[fx.Node]) -> list[AttentionMatch]:
+    """Every attention site among a graph's call nodes, in order."""
+    return [m for n in calls if _is_sdpa(n) and (m := _match(n)) is not None]
+
+
+def _is_sdpa(node: fx.Node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    names = {a.name for a in getattr(schema, "arguments", ())}
+    return schema is not None and "scaled_dot_product" in schema.name and {"query", "key", "value"} <= names \
+        and "grad_out" not in names and "out" not in names
+
+
+def arguments(node: fx.Node) -> dict[str, Any]:
+    """A call's arguments by their schema names, defaults filled in."""
+    values = {}
+    for i, arg in enumerate(node.target._schema.arguments):
+        if i < len(node.args):
+            values[arg.name] = node.args[i]
+        elif arg.name in node.kwargs:
+            values[arg.name] = node.kwargs[arg.name]
+        else:
+            values[arg.name] = arg.default_value if arg.has_default_value() else None
+    return values
+
+
+def _match(node: fx.Node) -> AttentionMatch | None:
+    args = arguments(node)
+    outputs = tuple(node.users)
+    if not outputs or any(u.target is not operator.getitem or u.args[1] != 0 for u in outputs):
+        return None  # the log-sum-exp (training) or another output is read
+    if any(args[name] not in (None, False, 0) for name in args if name not in KNOWN) or args["dropout_p"]:
+        return None
+    mask_node = next((args[n] for n in MASK_NAMES if args.get(n) is not None), None)
+    q, k, v, out = val(args["query"]), val(args["key"]), val(args["value"]), val(outputs[0])
+    if not static(q, k, v, out) or q.dim() != 4 or q.shape[:2] != k.shape[:2] or k.shape != v.shape:
+        return None  # grouped-query attention (enable_gqa) gives k, v fewer heads: not this kernel's
+    if q.shape[3] != k.shape[3] or len({q.dtype, k.dtype, v.dtype}) != 1 or str(q.dtype) not in DTYPE_NAMES:
+        return None
+    mask = None if mask_node is None else mask_source(mask_node)
+    try:
+        expr = Attention(*q.shape[:3], k.shape[2], q.shape[3], DTYPE_NAMES[str(q.dtype)], args["scale"],
+                         **_mask_fields(mask, (*q.shape[:3], k.shape[2])), causal=bool(args["is_causal"]),
+                         out_order=out_order(out))
+    except (ExprError, ValueError):
+        return None  # too many rows (prefill), head dims past 256, a mask the kernel cannot read
+    return AttentionMatch(expr, node, args["query"], args["key"], args["value"], mask, outputs)
+
+
+def _mask_fields(mask: fx.Node | None, sizes: tuple[int, ...]) -> dict[str, Any]:
+    """The expression's mask fields for a mask node (ValueError for one the kernel cannot read)."""
+    if mask is None:
+        return {}
+    m = val(mask)
+    kind = "bool" if static(m) and m.dtype == torch.bool else DTYPE_NAMES.get(str(getattr(m, "dtype", None)))
+    dims = mask_dims(m, sizes) if kind and static(m) else None
+    if dims is None:
+        raise ValueError("a mask the kernel cannot read")
+    return {"mask": kind, "mask_dims": dims}
+
+
+def mask_dims(mask: Any, sizes: Sequence[int]) -> str | None:
+    """The dimensions (of "bhqk") a mask tensor varies along when broadcast to `sizes` (B, H, Lq,
+    Lk), or None if it does not broadcast to them."""
+    if mask.dim() > 4:
+        return None
+    shape = (1,) * (4 - mask.dim()) + tuple(mask.shape)
+    if any(n not in (1, size) for n, size in zip(shape, sizes)):
+        return None
+    return "".join(c for c, n in zip(MASK_DIMS, shape) if n > 1)
+
+
+def mask_source(node: fx.Node) -> fx.Node:
+    """The mask before torch broadcast it (expand) or padded and sliced back its last dimension to
+    align its rows: the same values, broadcast by the kernel."""
+    while isinstance(node, fx.Node) and node.op == "call_function":
+        if node.target == A.expand.default:
+            node = node.args[0]
+        elif _unpadded(node):
+            node = node.args[0].args[0]
+        else:
+            break
+    return node
+
+
+def _unpadded(node: fx.Node) -> bool:
+    """Whether `node` slices a constant_pad_nd's right padding of the last dimension back off."""
+    if node.target != A.slice.Tensor or not isinstance(node.args[0], fx.Node):
+        return False
+    pad = node.args[0]
+    if pad.target != A.constant_pad_nd.default or not isinstance(pad.args[0], fx.Node):
+        return False
+    dim, start, end, step = (*node.args[1:], *(0, None, None, 1)[len(node.args) - 1:])[:4]  # defaults filled in
+    widths, rank = list(pad.args[1]), val(pad).dim()
+    return (dim in (-1, rank - 1) and start in (0, None) and step == 1 and end == val(pad.args[0]).shape[-1]
+            and len(widths) == 2 and widths[0] == 0)
+
+
+def out_order(out: Any) -> str:
+    """The order (of "bhqd", outermost first) in which a dense output lays out its dimensions;
+    ValueError for an output that is not dense in any order."""
+    dims = sorted(range(4), key=lambda i: (-out.stride(i), i))
+    order = "".join(OUT_DIMS[i] for i in dims)
+    if dense_strides(tuple(out.shape), order) != tuple(out.stride()):
+        raise ValueError(f"an output of strides {out.stride()} is not dense")
+    return order
+
