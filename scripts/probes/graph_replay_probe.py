@@ -41,15 +41,11 @@ def lean_backend(gm, example_inputs):
     import torch
     from torch._inductor.compile_fx import compile_fx
 
-    compiled = compile_fx(gm, list(example_inputs))
-    boxed = getattr(compiled, "_boxed_call", False)  # called with one list of arguments, which it empties
-    fn = (lambda *a: compiled(list(a))) if boxed else compiled
+    fn = compile_fx(gm, list(example_inputs))  # dynamo calls it, and so this wrapper, with the arguments
     params = {i for i, x in enumerate(example_inputs) if isinstance(x, torch.nn.Parameter)}
     state = {"calls": 0}
 
     def call(*args):
-        if boxed:
-            args = tuple(args[0])
         if "graph" not in state:
             state["calls"] += 1
             if state["calls"] < 3:
@@ -64,7 +60,6 @@ def lean_backend(gm, example_inputs):
                 s.copy_(a)
         state["graph"].replay()
         return [o.clone() for o in state["out"]]
-    call._boxed_call = boxed
     return call
 
 
