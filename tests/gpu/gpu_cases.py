@@ -4,13 +4,15 @@ awkward shapes, layouts, batch and every epilogue (general ones with every extra
 residual, row and column vectors, constants, a nested chain); every knob of the contraction
 template (split-K, TMA loads, the persistent loop, warp specialisation) with them; the gated dual
 GEMM with every activation, both ways of feeding its MMA (FUSE), both weight layouts and biases;
-split-K in the wide and gated kernels at decode sizes, with and without a row norm;
+split-K in the wide and gated kernels at decode sizes, with and without a row norm; attention at
+decode shapes (Llama's folded query heads over one key or a cache, a sequence over 4096 keys);
 the other families' examples with a few seeded random configs of their space; and every library
 candidate. Each case is (expression, config); the lists are built the same way every run."""
 import itertools
 
 import numpy as np
 
+from tritune.kernels.attention.expr import Attention
 from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.epilogue import BiasAdd, Binary, Clamp, Gelu, Input, Relu, Scale, Unary
 from tritune.kernels.family import REGISTRY, family
@@ -114,7 +116,7 @@ def family_cases(limits: Limits, per_expr: int = PER_EXPR) -> list:
     tma = TILE.replace(BLOCK_N=64, UNROLL=1, TMA=1)
     out += [(Gated(1000, 520, 1576, dtype, act, trans_b=t, bias=t), tma.replace(FUSE=f))
             for (dtype, act, t), f in itertools.product((("fp16", "silu", True), ("bf16", "gelu_tanh", False)), (0, 1))]
-    return out + split_cases()
+    return out + split_cases() + attention_cases()
 
 
 def split_cases() -> list:
@@ -127,6 +129,33 @@ def split_cases() -> list:
         out.append((Wide(m, (2048, 512, 512), 2048, dtype=dtype, bias=m == 16, norm_eps=norm), tile.replace(SPLIT_K=4)))
         for fuse in (0, 1) if dtype != "fp32" else (0,):
             out.append((Gated(m, 1000, 2048, dtype=dtype, bias=m == 1, norm_eps=norm), tile.replace(SPLIT_K=3, FUSE=fuse)))
+    return out
+
+
+# decode: Llama's 4 query heads per k/v head folded into its query rows (one new key, or a cache of
+# 1024 with a mask per sequence), 16 sequences of one row over a cache (output [B, Lq, H, D] as the
+# memory-efficient kernel lays it out), one sequence over 4096 keys, speculative tokens with a
+# boolean mask per sequence and token
+ATTENTION = [dict(batch=16, heads=4, lq=4, lk=1, d=128, mask="{dtype}", mask_dims="b"),
+             dict(batch=16, heads=4, lq=4, lk=1024, d=128, mask="{dtype}", mask_dims="bk"),
+             dict(batch=16, heads=16, lq=1, lk=1000, d=64, out_order="bqhd"),
+             dict(batch=1, heads=16, lq=1, lk=4096, d=128),
+             dict(batch=4, heads=8, lq=5, lk=777, d=80, mask="bool", mask_dims="bqk")]
+ATTENTION_CONFIGS = [Config.of(BLOCK_N=n, DOT=dot, num_warps=w, num_stages=st)
+                     for n, dot, w, st in ((16, 0, 1, 1), (64, 0, 4, 1), (128, 0, 8, 1), (32, 1, 4, 2), (64, 1, 4, 3),
+                                           (128, 1, 8, 2))]
+
+
+def attention_cases() -> list:
+    """Attention at decode shapes in fp16 and bf16, each with broadcast and MMA products over key
+    blocks of several widths (those its space keeps), and seeded random configs of its space."""
+    out = []
+    for i, (fields, dtype) in enumerate(itertools.product(ATTENTION, ("fp16", "bf16"))):
+        expr = Attention(**{k: v.format(dtype=dtype) if k == "mask" else v for k, v in fields.items()}, dtype=dtype)
+        space = family("attention").space(expr, Limits.for_capability(9, 0))
+        configs = [c for c in ATTENTION_CONFIGS if space.valid(c)]
+        configs += space.sample(np.random.default_rng(i), PER_EXPR, exclude=configs)
+        out += [(expr, c) for c in configs]
     return out
 
 

@@ -2,7 +2,7 @@
 replay route under Inductor (default mode and CUDA graphs), zoo models compiled by the tritune
 backend, and every family's fault hook through the crash-isolated runner.
 
-    TRITUNE_GPU_TESTS=1 python -m pytest -q tests/gpu [-k kernels|libraries|route|frontend|faults] [-k gated]
+    TRITUNE_GPU_TESTS=1 python -m pytest -q tests/gpu [-k kernels|libraries|route|frontend|attention_site|faults]
 
 A test's id names its op and dtype: `-k "gated or wide"` picks ops, as `-k "kernels and bf16"` does
 a dtype of one kind of case."""
@@ -125,6 +125,49 @@ def test_frontend(name, dtype, mode, shape, tmp_path):
     if name != "gpt2" and shape[1] == 1:  # RMSNorm decoders at decode: the norms run in prologues
         assert sum("rmsnorm" in what for what, kind in backend.sites if kind == "tuned") == 3, backend.sites
     assert rel_error(out, ref) <= 2 * eager_err + 1e-3
+
+
+class Decode(torch.nn.Module):
+    """Attention of a decode step as a model calls it: F.scaled_dot_product_attention on q
+    [B, H, Lq, D] against a cache [B, H, Lk, D], with an additive mask per sequence (or none)."""
+
+    def forward(self, q, k, v, mask=None):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask) * 2
+
+
+ATTENTION_SITES = [pytest.param(dtype, mode, lk, masked,
+                                id=f"{dtype}-{mode or 'default'}-k{lk}-{'mask' if masked else 'plain'}")
+                   for (dtype, mode), lk, masked in itertools.product((("fp16", None), ("bf16", "reduce-overhead")),
+                                                                      (1, 1024, 4096), (True, False))]
+
+
+@pytest.mark.parametrize("dtype, mode, lk, masked", ATTENTION_SITES)
+def test_attention_site(dtype, mode, lk, masked, tmp_path):
+    """Llama's decode attention (16 sequences, 4 query heads folded into each of 4 k/v heads' rows,
+    head dim 128) over a cache of `lk` keys, as torch dispatches it on this GPU (memory-efficient,
+    flash or cuDNN; the mask padded and expanded for it), found, tuned with its family's default
+    config (no tuning run) and replayed by the tritune backend, against float64."""
+    import tritune
+
+    gen = torch.Generator(device="cuda").manual_seed(lk)
+    dt = torch_dtype(dtype)
+    q, k, v = (torch.randn(16, 4, n, 128, generator=gen, device="cuda").to(dt) for n in (4, lk, lk))
+    mask = torch.randn(16, 1, 1, lk, generator=gen, device="cuda").to(dt) if masked else None
+    args = (q, k, v, mask) if masked else (q, k, v)
+    tasks = tritune.extract_tasks(Decode(), args)
+    assert [t.expr.op for t in tasks] == ["attention"], [t.describe() for t in tasks]
+    assert tasks[0].expr.mask_dims == ("bk" if masked and lk > 1 else "b" if masked else "")
+    db = gpu_cases.store_defaults(tasks, tmp_path / "t.db")
+    torch._dynamo.reset()
+    backend = tritune.compiler(db, mode=mode)
+    with torch.no_grad():
+        compiled = torch.compile(Decode(), backend=backend, fullgraph=True)
+        for _ in range(3):  # CUDA graphs: warm-up, record, replay
+            out = compiled(*args)
+        torch.cuda.synchronize()
+    assert [kind for _, kind in backend.sites] == ["tuned"]
+    ref = Decode()(*(a.double() for a in args))
+    assert rel_error(out, ref) <= family("attention").tolerance(tasks[0].expr)
 
 
 FAULT_STATUS = {"oob": Status.CRASH, "hang": Status.TIMEOUT, "wrong": Status.WRONG_ANSWER, None: Status.OK}
