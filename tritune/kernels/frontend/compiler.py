@@ -28,6 +28,7 @@ from tritune.errors import first_line
 from tritune.kernels.device import device_info, interpreted
 from tritune.kernels.family import device_key
 from tritune.kernels.frontend import graph
+from tritune.kernels.frontend.outer import outer_products
 from tritune.kernels.frontend.rewrites import GraphEdit
 from tritune.records import dispatch
 
@@ -206,13 +207,15 @@ def _resolve(history: Any, site: Matched, info: dict) -> list[tuple[Matched, str
 
 def rewrite(gm: fx.GraphModule, hits: list[tuple[Matched, str]]) -> None:
     """Replace each matched site (a contraction and its fused epilogue, a gated pair, or a wide
-    group) by one call of its tuned op (its spec), as its kind rewrites it."""
+    group) by one call of its tuned op (its spec), as its kind rewrites it; and outer products by
+    broadcast multiplies (`outer`)."""
     from tritune.kernels.frontend import tuned_op  # its import needs a torch that defines triton ops
 
     edit = GraphEdit(gm.graph)
     for m, spec in hits:
         kind = tuned_op.kind_of(m)
         kind.rewrite(edit, m, spec, kind.op)
+    outer_products(gm)
     gm.graph.eliminate_dead_code()
     gm.graph.lint()
     gm.recompile()

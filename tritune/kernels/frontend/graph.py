@@ -1,7 +1,8 @@
 """Contractions in a traced model: each mm / addmm / bmm / baddbmm with the pointwise epilogue
 after it (`epilogue_match`), gated pairs act(x @ W1ᵀ [+ b1]) * (x @ W2ᵀ [+ b2]) as one site, and
 2 or 3 projections of one input with no epilogue but their bias (q, k, v) as one wide site.
-Outer products (K = 1, e.g. rotary embeddings' position x frequency) are no contraction worth a kernel.
+Outer products (K = 1, e.g. rotary embeddings' position x frequency) are no contraction worth a kernel
+(the backend makes them broadcast multiplies: `outer`).
 A site whose input is an RMSNorm's output read by it alone takes the norm into its kernel (`norm_match`).
 Attention over a few query rows (torch's SDPA in any of its ATen forms) is a site of its own (`attention_match`).
 
@@ -178,7 +179,7 @@ def _operands(node: fx.Node) -> tuple[fx.Node, fx.Node, tuple, fx.Node | None] |
     if any(written(n) for n in (a, b, bias) if n is not None):
         return None  # the kernel runs where its epilogue ends: after a write the contraction did not see
     if av.shape[-1] == 1:
-        return None  # an outer product: Inductor makes it a broadcast multiply, fused with its neighbours
+        return None  # an outer product: the backend makes it a broadcast multiply (`outer`)
     start = ((Scale(float(alpha)), ()),) if alpha != 1 else ()
     if bias is not None:
         if not _is_bias(val(bias), out):
