@@ -90,6 +90,9 @@ def test_breakdown_per_device_and_outside_the_loop():
                     runner, {"compile": 16.0}, 4, devices=2)
     assert times["GPU busy fraction"] == 0.5 and times["GPU busy fraction, h:0"] == 0.75
     assert times["GPU busy fraction, h:1"] == 0.25 and "GPU busy fraction, h:2" not in times
+    alone = summary(10.0, {"check": 1.0, "timing": 3.0, "check on h:1": 1.0, "timing on h:1": 3.0}, runner,
+                    {"compile": 16.0}, 4)  # a workload measured on one GPU of several: named
+    assert alone["GPU busy fraction"] == alone["GPU busy fraction, h:1"] == 0.4
     assert times["outside the loop (space, prior, head-to-head)"] == 4.0
     assert times["space and prior (before the loop)"] == 2.5 and times["head-to-head (after the loop)"] == 1.0
     assert times["alternatives compiled ahead (second worker)"] == 7.5

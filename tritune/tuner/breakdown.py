@@ -38,7 +38,7 @@ class Stopwatch:
 
 def summary(wall_s: float, tuner: dict, runner: dict, builder: dict, workers: int, devices: int = 1) -> dict:
     """The run's time by phase (seconds, rounded to 0.1 s), and how busy the GPUs (together, and each
-    where several measured) and the compile pool were.
+    that measured) and the compile pool were.
 
     The loop's own phases (proposal to "outside the loop") add up to the wall time; the outside
     splits into the space and prior before it and the head-to-head after it (the rest: storing the
@@ -76,13 +76,14 @@ def summary(wall_s: float, tuner: dict, runner: dict, builder: dict, workers: in
 
 
 def _per_device(spent: dict, wall_s: float) -> dict:
-    """"GPU busy fraction, host:index" for each device, where more than one measured (the measuring
-    threads count check and timing seconds per device as "check on host:index", "timing on ...")."""
+    """"GPU busy fraction, host:index" for each device that measured (the measuring threads count
+    check and timing seconds per device as "check on host:index", "timing on ..."): with one, it
+    names the GPU that a workload of a run over several (tune-model --devices all) was measured on."""
     busy: dict[str, float] = defaultdict(float)
     for phase, seconds in spent.items():
         kind, _, device = phase.partition(" on ")
         if device and kind in ("check", "timing"):
             busy[device] += seconds
-    if len(busy) < 2 or not wall_s:
+    if not busy or not wall_s:
         return {}
     return {f"GPU busy fraction, {device}": round(s / wall_s, 3) for device, s in sorted(busy.items())}

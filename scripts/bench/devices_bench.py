@@ -1,0 +1,376 @@
+"""Several GPUs pay, or not: one GPU against every GPU of this host, and one Dask GPU host against
+two, each whole command timed from empty caches (Triton, Inductor, tritune, a database of its own
+per run under a temp dir), then a Dask GPU host SIGKILLed mid-run.
+
+  run1 / run2     tune-cli run --op matmul --shape 4096 --dtype fp16 --trials 128 --verbose [--devices all]
+  model1 / model2 tune-cli tune-model --model tritune.tuner.model.zoo:llama --input-shape 1,2048,2048
+                  --no-check --trials T [--devices all]
+  dask1 / dask2   the run1 workload through --cluster: a local Dask scheduler in this process and one
+                  `tune-cli worker` per GPU (--devices i, --workers C each), started before the command
+  kill            dask2's command again; once --kill-at trials are stored, one worker is SIGKILLed:
+                  every trial stored before the kill must still be there, the database intact, and the
+                  run must complete or stop with one line
+
+Each step prints one line; then a table (whole-command seconds, speed-up over its one-GPU twin, GPU
+busy per device, trials stored) and the JSON in --out. GPU busy: `run`'s --verbose table (of the
+run's wall); for tune-model (no --verbose) each workload's device-seconds from --summary-json, over
+the whole command; the Dask path's GPU seconds stay on its hosts (n/a).
+
+Usage (from the repository's root, on a host with two GPUs; about 6 minutes at the defaults):
+    python -m scripts.bench.devices_bench --out devices.json [--trials 256] [--steps run1,run2,...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+STEPS = ("run1", "run2", "model1", "model2", "dask1", "dask2", "kill")
+TWINS = {"run2": "run1", "model2": "model1", "dask2": "dask1"}  # each step's one-GPU baseline
+EXIT_NO_GPU = 3
+RUN = ["run", "--op", "matmul", "--shape", "4096", "--dtype", "fp16", "--verbose"]
+MODEL = ["tune-model", "--model", "tritune.tuner.model.zoo:llama", "--input-shape", "1,2048,2048", "--dtype", "fp16",
+         "--no-check"]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The bench's options; --steps checked against STEPS."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, type=Path, help="write the results here (JSON)")
+    p.add_argument("--trials", type=int, default=256, help="tune-model's trials (all workloads together)")
+    p.add_argument("--run-trials", type=int, default=128, help="run's trials (run1, run2, dask*, kill)")
+    p.add_argument("--steps", default=",".join(STEPS), help=f"which steps, comma-separated, of {','.join(STEPS)}")
+    p.add_argument("--worker-cores", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                   help="compile processes of each Dask GPU host [default: half the cores]")
+    p.add_argument("--kill-at", type=int, default=40, help="kill: trials stored before a host is SIGKILLed")
+    p.add_argument("--budget-s", type=float, default=530.0, help="skip steps once this much wall time is spent")
+    p.add_argument("--step-timeout-s", type=float, default=240.0, help="the most one command may take")
+    p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, databases)")
+    args = p.parse_args(argv)
+    unknown = [s for s in args.steps.split(",") if s not in STEPS]
+    if unknown:
+        p.error(f"unknown step(s) {','.join(unknown)}: pick from {','.join(STEPS)}")
+    args.steps = [s for s in STEPS if s in args.steps.split(",")]
+    return args
+
+
+def gpu_count() -> tuple[int, str]:
+    """CUDA devices of this host (asked in a child: this process keeps no CUDA context), and why none."""
+    code = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if proc.returncode:
+        return 0, (proc.stderr.strip().splitlines() or ["torch failed"])[-1]
+    count = int(proc.stdout.split()[-1])
+    return count, "" if count else "torch.cuda.is_available() is False"
+
+
+def fresh_env(root: Path, name: str) -> dict:
+    """The environment of one step's processes: empty caches of their own, wide tables."""
+    base = root / name
+    dirs = {"TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITUNE_CACHE_DIR": "tritune",
+            "XDG_CACHE_HOME": "xdg"}
+    env = {k: v for k, v in os.environ.items() if k != "TRITUNE_DB"}
+    for key, sub in dirs.items():
+        (base / sub).mkdir(parents=True, exist_ok=True)
+        env[key] = str(base / sub)
+    return {**env, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
+
+
+def tune_cli(args: Sequence[str]) -> list[str]:
+    """The command line of `tune-cli ARGS` with this interpreter."""
+    return [sys.executable, "-m", "tritune", *args]
+
+
+def timed(cmd: Sequence[str], env: dict, timeout_s: float, log: Path) -> dict:
+    """Run a command to its end (killed past `timeout_s`): its exit code, wall seconds, output."""
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        rc, out, err = proc.returncode, proc.stdout, proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        rc, out, err = "timeout", _text(exc.stdout), _text(exc.stderr)
+    seconds = time.perf_counter() - start
+    log.write_text(f"$ {' '.join(cmd)}\n{out}\n--- stderr\n{err}")
+    return {"rc": rc, "seconds": round(seconds, 1), "stdout": out, "stderr": err}
+
+
+def _text(data: Any) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else data or ""
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of a command's output."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def parse_verbose(text: str) -> list[dict]:
+    """Each "where the time went" table of `tune-cli run --verbose`, as {"wall": seconds,
+    "GPU busy": {device or "all": fraction}, "compile pool busy": fraction}: rows "│ name │ seconds │
+    share │", fractions as percentages ("GPU busy fraction, host:0 │ │ 28% │")."""
+    tables: list[dict] = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in re.split(r"[│┃|]", line)]
+        if len(cells) < 4:
+            continue
+        name, seconds, share = cells[1:4]
+        if name == "wall" and seconds:
+            tables.append({"wall": float(seconds), "GPU busy": {}})
+        elif tables and name.startswith("GPU busy fraction") and share.endswith("%"):
+            device = name.partition(", ")[2] or "all"
+            tables[-1]["GPU busy"][device] = float(share[:-1]) / 100
+        elif tables and name == "compile pool busy fraction" and share.endswith("%"):
+            tables[-1]["compile pool busy"] = float(share[:-1]) / 100
+    return tables
+
+
+def busy_of_run(tables: list[dict]) -> dict:
+    """GPU busy per device of a `run` (its one table): each device where several measured, else all."""
+    if not tables:
+        return {}
+    busy = tables[-1]["GPU busy"]
+    return {k: v for k, v in busy.items() if k != "all"} or busy
+
+
+def busy_of_model(summary: dict, whole_s: float) -> dict:
+    """GPU busy per device of a tune-model run: every workload's device-seconds (its fraction of its
+    own wall, per device where several measured it) over the whole command's seconds."""
+    seconds: dict[str, float] = {}
+    for task in summary.get("tasks", []):
+        times = task.get("time") or {}
+        split = {k.partition(", ")[2]: v for k, v in times.items() if k.startswith("GPU busy fraction, ")}
+        for device, fraction in (split or {"?": times.get("GPU busy fraction", 0.0)}).items():
+            seconds[device] = seconds.get(device, 0.0) + fraction * times.get("wall", 0.0)
+    return {d: round(s / whole_s, 3) for d, s in sorted(seconds.items())} if whole_s else {}
+
+
+def stored_keys(db: Path) -> list[str]:
+    """The config key of every stored trial (read-only; [] before the database exists)."""
+    if not db.exists():
+        return []
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+            return [k for (k,) in conn.execute("SELECT config_key FROM trials")]
+    except sqlite3.OperationalError:  # not created yet
+        return []
+
+
+def integrity(db: Path) -> str:
+    """SQLite's own check of the file ('ok', or what is broken)."""
+    with sqlite3.connect(db) as conn:
+        return conn.execute("PRAGMA integrity_check").fetchone()[0]
+
+
+def step_line(name: str, result: dict) -> str:
+    """The one line a step prints."""
+    if "skipped" in result:
+        return f"{name}: skipped ({result['skipped']})"
+    busy = ", ".join(f"{d} {f:.0%}" for d, f in result.get("gpu_busy", {}).items()) or "n/a"
+    line = f"{name}: {result['seconds']:.1f} s, rc {result['rc']}, {result['trials']} trials stored, GPU busy {busy}"
+    if "kill" in result:
+        k = result["kill"]
+        line += (f"; killed {k['host']} at {k['stored_before']} stored: {k['lost']} lost, integrity {k['integrity']}, "
+                 f"{k['outcome']}")
+    return line if result["rc"] == 0 else f"{line}; last line: {result['last_line']}"
+
+
+def table(results: dict) -> str:
+    """The compact table of every step: whole-command seconds, speed-up over its one-GPU twin, GPU
+    busy per device, trials stored."""
+    rows = [("step", "whole s", "speed-up", "GPU busy per device", "trials", "rc")]
+    for name, r in results.items():
+        if "skipped" in r:
+            rows.append((name, "-", "-", f"skipped: {r['skipped']}", "-", "-"))
+            continue
+        twin = results.get(TWINS.get(name, ""), {})
+        speedup = f"{twin['seconds'] / r['seconds']:.2f}x" if twin.get("seconds") and r["seconds"] else ""
+        busy = ", ".join(f"{d} {f:.0%}" for d, f in r.get("gpu_busy", {}).items()) or "n/a"
+        rows.append((name, f"{r['seconds']:.1f}", speedup, busy, str(r["trials"]), str(r["rc"])))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def summarised(run: dict, db: Path, busy: dict) -> dict:
+    """A step's result: the command's outcome, trials stored, GPU busy per device."""
+    return {"rc": run["rc"], "seconds": run["seconds"], "trials": len(stored_keys(db)), "gpu_busy": busy,
+            "last_line": last_line(run["stderr"])}
+
+
+def step_run(args: argparse.Namespace, root: Path, name: str, timeout_s: float) -> dict:
+    """run1 / run2: the 4096^3 workload on the first GPU, or on every GPU of the host."""
+    db, out = root / name / "t.db", root / name / "summary.json"
+    env = fresh_env(root, name)
+    cmd = tune_cli([*RUN, "--trials", str(args.run_trials), "--db", str(db), "--summary-json", str(out),
+                    *(["--devices", "all"] if name == "run2" else [])])
+    run = timed(cmd, env, timeout_s, root / f"{name}.log")
+    tables = parse_verbose(run["stdout"])
+    return {**summarised(run, db, busy_of_run(tables)), "verbose": tables[-1] if tables else None}
+
+
+def step_model(args: argparse.Namespace, root: Path, name: str, timeout_s: float) -> dict:
+    """model1 / model2: tune-model of the zoo llama at prefill on the first GPU, or on every GPU."""
+    db, out = root / name / "t.db", root / name / "summary.json"
+    cmd = tune_cli([*MODEL, "--trials", str(args.trials), "--db", str(db), "--summary-json", str(out),
+                    *(["--devices", "all"] if name == "model2" else [])])
+    run = timed(cmd, fresh_env(root, name), timeout_s, root / f"{name}.log")
+    summary = json.loads(out.read_text()) if out.exists() else {}
+    return summarised(run, db, busy_of_model(summary, run["seconds"]))
+
+
+@contextmanager
+def scheduler() -> Iterator[str]:
+    """A Dask scheduler in this process on loopback (no workers of its own); its address."""
+    from distributed import LocalCluster
+
+    cluster = LocalCluster(n_workers=0, processes=False, protocol="tcp", host="127.0.0.1", scheduler_port=0,
+                           dashboard_address=":0")
+    try:
+        yield cluster.scheduler_address
+    finally:
+        cluster.close()
+
+
+@contextmanager
+def gpu_hosts(address: str, count: int, root: Path, name: str, cores: int) -> Iterator[list]:
+    """`count` tune-cli workers (GPU i each, `cores` compile processes, caches of their own), once
+    each says it serves; every one is killed at the end."""
+    procs = []
+    try:
+        for i in range(count):
+            env = fresh_env(root, f"{name}-host{i}")
+            log = open(root / f"{name}-host{i}.log", "w")
+            procs.append((subprocess.Popen(tune_cli(["worker", "--scheduler", address, "--name", f"gpu{i}", "--devices",
+                                                     str(i), "--workers", str(cores)]), env=env,
+                                           stdout=log, stderr=subprocess.PIPE, text=True), log))
+        for proc, log in procs:
+            _wait_serving(proc, log)
+        yield [proc for proc, _ in procs]
+    finally:
+        for proc, log in procs:
+            proc.kill()
+            proc.wait()
+            log.close()
+
+
+def _wait_serving(proc: subprocess.Popen, log: Any) -> None:
+    """Read a worker's stderr (into its log) until it says it serves; RuntimeError if it ends first."""
+    while True:
+        line = proc.stderr.readline()
+        log.write(line)
+        if "serving" in line:
+            return
+        if not line:
+            log.flush()
+            raise RuntimeError(f"a tune-cli worker ended before serving (exit {proc.wait()}): see {log.name}")
+
+
+def step_dask(args: argparse.Namespace, root: Path, name: str, timeout_s: float) -> dict:
+    """dask1 / dask2: run1's workload through one or two Dask GPU hosts (started before the timed
+    command: their start is not in its seconds)."""
+    db = root / name / "t.db"
+    with scheduler() as address, gpu_hosts(address, 1 if name == "dask1" else 2, root, name, args.worker_cores):
+        cmd = tune_cli([*RUN, "--trials", str(args.run_trials), "--db", str(db), "--cluster", address])
+        run = timed(cmd, fresh_env(root, name), timeout_s, root / f"{name}.log")
+    return summarised(run, db, {})
+
+
+def step_kill(args: argparse.Namespace, root: Path, name: str, timeout_s: float) -> dict:
+    """kill: dask2's command, with its second host SIGKILLed once --kill-at trials are stored."""
+    db = root / name / "t.db"
+    with scheduler() as address, gpu_hosts(address, 2, root, name, args.worker_cores) as hosts:
+        cmd = tune_cli([*RUN, "--trials", str(args.run_trials), "--db", str(db), "--cluster", address])
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, env=fresh_env(root, name), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        before = _stored_by(db, args.kill_at, proc, start + timeout_s)
+        hosts[1].send_signal(signal.SIGKILL)
+        try:
+            out, err = proc.communicate(timeout=max(1.0, start + timeout_s - time.perf_counter()))
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            rc = "timeout"
+    run = {"rc": rc, "seconds": round(time.perf_counter() - start, 1), "stdout": out, "stderr": err}
+    (root / f"{name}.log").write_text(f"$ {' '.join(cmd)}\n{out}\n--- stderr\n{err}")
+    return {**summarised(run, db, {}), "kill": kill_verdict(db, before, run)}
+
+
+def _stored_by(db: Path, n: int, proc: subprocess.Popen, deadline: float) -> set[str]:
+    """The trials stored once there are `n` (or once the run ended, or at the deadline)."""
+    while True:
+        keys = stored_keys(db)
+        if len(keys) >= n or proc.poll() is not None or time.perf_counter() > deadline:
+            return set(keys)
+        time.sleep(0.1)
+
+
+def kill_verdict(db: Path, before: set[str], run: dict) -> dict:
+    """What a kill left: trials stored before it and gone now, the database's integrity, and whether
+    the run completed or stopped with one line (no traceback)."""
+    after = stored_keys(db)
+    one_line = "Traceback" not in run["stderr"] and last_line(run["stderr"]).startswith("tune-cli:")
+    outcome = "completed" if run["rc"] == 0 else "stopped with one line" if one_line else "FAILED badly"
+    return {"host": "gpu1", "stored_before": len(before), "lost": len(before - set(after)),
+            "duplicates": len(after) - len(set(after)), "integrity": integrity(db) if db.exists() else "no database",
+            "outcome": outcome}
+
+
+STEP_FUNCS = {"run1": step_run, "run2": step_run, "model1": step_model, "model2": step_model,
+              "dask1": step_dask, "dask2": step_dask, "kill": step_kill}
+
+
+def why_skipped(name: str, gpus: int, spent_s: float, budget_s: float) -> str:
+    """Why a step cannot run here now ('' where it can)."""
+    if spent_s > budget_s:
+        return f"the time budget of {budget_s:.0f} s is spent"
+    if name not in ("run1", "model1", "dask1") and gpus < 2:
+        return f"this host has {gpus} GPU"
+    if name.startswith(("dask", "kill")):
+        try:
+            import distributed  # noqa: F401
+        except ImportError:
+            return "dask distributed is not installed"
+    return ""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the steps, print a line each and the table, write the JSON; 3 without a GPU."""
+    args = parse_args(argv)
+    gpus, why = gpu_count()
+    if not gpus:
+        print(f"devices_bench: no CUDA GPU on this host ({why}); nothing measured", file=sys.stderr)
+        return EXIT_NO_GPU
+    root, begun, results = Path(tempfile.mkdtemp(prefix="tritune_devices_")), time.perf_counter(), {}
+    try:
+        for name in args.steps:
+            spent = time.perf_counter() - begun
+            skip = why_skipped(name, gpus, spent, args.budget_s)
+            timeout_s = min(args.step_timeout_s, max(30.0, args.budget_s + 60 - spent))
+            try:
+                results[name] = {"skipped": skip} if skip else STEP_FUNCS[name](args, root, name, timeout_s)
+            except Exception as exc:  # noqa: BLE001 - one step's failure is its line; the others go on
+                results[name] = {"skipped": f"failed: {type(exc).__name__}: {exc}"}
+            print(step_line(name, results[name]), flush=True)
+        print(table(results))
+        args.out.write_text(json.dumps({"gpus": gpus, "args": {k: str(v) for k, v in vars(args).items()},
+                                        "steps": results, "logs": str(root) if args.keep else None}, indent=2))
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
