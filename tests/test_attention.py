@@ -23,7 +23,9 @@ FAM = family("attention")
 H100 = Limits(*Limits.KNOWN[(9, 0)])
 CONFIGS = [Config.of(BLOCK_N=16, DOT=0, num_warps=2, num_stages=1),
            Config.of(BLOCK_N=32, DOT=1, num_warps=4, num_stages=2),
-           Config.of(BLOCK_N=64, DOT=1, num_warps=1, num_stages=3)]
+           Config.of(BLOCK_N=64, DOT=1, num_warps=1, num_stages=3),
+           Config.of(BLOCK_N=16, DOT=0, num_warps=2, num_stages=1, SPLIT=2),  # flash-decoding
+           Config.of(BLOCK_N=16, DOT=1, num_warps=4, num_stages=2, SPLIT=4)]
 SHAPES = [
     Attention(2, 3, 1, 37, 80, mask="fp16", mask_dims="bk"),  # decode: a mask per sequence, shared by the heads
     Attention(3, 2, 3, 50, 80, "fp32", mask="fp32", mask_dims="hqk"),  # shared by the batch
@@ -35,7 +37,7 @@ SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"N{c['BLOCK_N']}-dot{c['DOT']}")
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"N{c['BLOCK_N']}-dot{c['DOT']}-split{c.get('SPLIT', 1)}")
 @pytest.mark.parametrize("expr", SHAPES, ids=lambda e: e.describe())
 def test_every_path_computes_the_float64_reference(expr, config):
     err, tol = run_case(expr, config)
@@ -63,11 +65,30 @@ def test_a_kernel_without_the_running_max_rescale_is_caught(monkeypatch):
     for config in CONFIGS[:2]:
         assert run_case(expr, config)[0] <= FAM.tolerance(expr)
     rescaled = "acc = acc * alpha[:, None] + "
-    assert template._SOURCE.count(rescaled) == 2
+    assert template._SOURCE.count(rescaled) == 3  # the broadcast and MMA steps, the splits' merge
     monkeypatch.setattr(template, "_SOURCE", template._SOURCE.replace(rescaled, "acc = acc + "))
     for config in CONFIGS[:2]:
         err, tol = run_case(expr, config)
         assert err > tol
+
+
+def test_a_merge_of_key_splits_without_their_rescale_is_caught(monkeypatch):
+    expr = Attention(2, 3, 3, 37, 80, mask="fp16", mask_dims="bqk")
+    split = CONFIGS[3]
+    merged = "acc = acc * alpha[:, None] + tl.load("
+    monkeypatch.setattr(template, "_SOURCE", template._SOURCE.replace(merged, "acc = acc + tl.load("))
+    assert run_case(expr, CONFIGS[0])[0] <= FAM.tolerance(expr)  # unsplit: no merge
+    assert run_case(expr, split)[0] > FAM.tolerance(expr)
+
+
+def test_key_splits_rearm_their_counters_launch_after_launch():
+    expr = Attention(1, 2, 1, 100, 32, "fp32", mask="fp32", mask_dims="k")
+    x = FAM.inputs(expr, 0, "cpu")
+    kernel = FAM.kernel(expr, CONFIGS[4], FAM.problem_of(expr, x.args))
+    for _ in range(3):
+        x.out.fill_(float("nan"))
+        kernel(*x.args)
+        assert rel_error(x.out, FAM.reference(expr, x.args)) <= FAM.tolerance(expr)
 
 
 def test_a_kernel_that_drops_the_key_tail_mask_is_caught(monkeypatch):
@@ -105,6 +126,13 @@ def test_the_space_prunes_what_cannot_run_well():
     configs = [decode.config(int(i)) for i in decode.valid_indices]
     assert {c["DOT"] for c in configs} == {0, 1} and {c["BLOCK_N"] for c in configs} >= {32, 64, 128}
     assert all(c["num_stages"] == 1 for c in configs if not c["DOT"])  # the same binary at every stage count
+    # 16 heads over 4096 keys split up to 16 ways (256 programs); 32 ways: 16 already fill 132 SMs
+    assert {c["SPLIT"] for c in configs} == {1, 2, 4, 8, 16}
+    assert "fills" in decode.why_invalid(Config.of(BLOCK_N=64, DOT=0, num_warps=4, num_stages=1, SPLIT=32))
+    assert {c["SPLIT"] for c in map(FAM.space(Attention(16, 16, 1, 1000, 64), H100).config,
+                                    FAM.space(Attention(16, 16, 1, 1000, 64), H100).valid_indices)} == {1}
+    short = FAM.space(Attention(1, 3, 4, 70, 64), H100)  # 4 splits of 2 blocks of 16 leave the last none
+    assert "without keys" in short.why_invalid(Config.of(BLOCK_N=16, DOT=0, num_warps=1, num_stages=1, SPLIT=4))
     assert "spills" in decode.why_invalid(Config.of(BLOCK_N=256, DOT=0, num_warps=1, num_stages=1))
     narrow = FAM.space(Attention(1, 16, 1, 4096, 64), H100)
     assert "full vectors" in narrow.why_invalid(Config.of(BLOCK_N=16, DOT=0, num_warps=8, num_stages=1))
@@ -122,6 +150,9 @@ def test_every_knob_builds_for_sm90():
              for n, dot, w, s in ((16, 0, 1, 1), (32, 0, 2, 1), (64, 0, 4, 1), (128, 0, 8, 1), (256, 1, 8, 2),
                                   (32, 1, 4, 1), (64, 1, 4, 3), (128, 1, 4, 4))]
     cases += [(Attention(16, 16, 1, 4096, 64, "bf16"), Config.of(BLOCK_N=64, DOT=1, num_warps=4, num_stages=3)),
+              (Attention(1, 16, 1, 4096, 128), Config.of(BLOCK_N=64, DOT=0, num_warps=4, num_stages=1, SPLIT=16)),
+              (Attention(16, 4, 4, 1024, 128, "bf16"),
+               Config.of(BLOCK_N=32, DOT=1, num_warps=4, num_stages=3, SPLIT=4)),
               (Attention(2, 3, 5, 300, 80, "fp32", mask="bool", mask_dims="hqk"),
                Config.of(BLOCK_N=32, DOT=1, num_warps=4, num_stages=2)),
               (Attention(2, 3, 3, 100, 80, causal=True, out_order="bqhd"),

@@ -198,10 +198,10 @@ def test_a_call_the_kernel_was_not_tuned_for_runs_torch_in_the_traced_layout(mon
 def test_the_replayed_kernel_builds_for_sm90():
     cases = [(Attention(16, 4, 4, 1, 128, mask="fp16", mask_dims="b"), CONFIG),
              (Attention(16, 16, 1, 1024, 128, "bf16", out_order="bqhd"), MMA.replace(BLOCK_N=64, num_stages=3)),
-             (Attention(1, 16, 4, 4096, 64, mask="bool", mask_dims="bqk"), MMA)]
+             (Attention(1, 16, 4, 4096, 64, mask="bool", mask_dims="bqk"), MMA.replace(SPLIT=8))]
     results = build_sm90(cases, replay=True)
-    # no mask: None for its pointer (specialised away, nothing passed per launch)
-    assert [r["nones"] for r in results] == [[], ["Mask"], []]
+    # no mask, no split: None for their pointers (specialised away, nothing passed per launch)
+    assert [r["nones"] for r in results] == [["WS", "LOCKS"], ["Mask", "WS", "LOCKS"], []]
 
 
 ROUTE = """
@@ -228,9 +228,10 @@ with FakeTensorMode():  # CUDA tensors that need no GPU
     q = torch.empty(16, 4, 4, 128, dtype=torch.float16, device="cuda")
     k = torch.empty(16, 4, 1024, 128, dtype=torch.float16, device="cuda")
     mask = torch.empty(16, 1, 1, 1024, dtype=torch.float16, device="cuda")
-for m, expr in ((mask, Attention(16, 4, 4, 1024, 128, mask="fp16", mask_dims="bk", out_order="bqhd")),
-                (None, Attention(16, 4, 4, 1024, 128))):
-    spec = tuned_op.spec_of(expr, config)
+for m, expr, split in ((mask, Attention(16, 4, 4, 1024, 128, mask="fp16", mask_dims="bk", out_order="bqhd"), 1),
+                       (None, Attention(16, 4, 4, 1024, 128), 1), (mask, Attention(16, 4, 4, 1024, 128, mask="fp16",
+                                                                                     mask_dims="bk"), 4)):
+    spec = tuned_op.spec_of(expr, config.replace(SPLIT=split))
     f = dispatch_functionalize(lambda q, k, v, m: torch.ops.tritune.attention(q, k, v, m, spec))
     print(make_fx(f)(q, k, k, m).code)
 """
@@ -247,10 +248,14 @@ def test_a_compiled_graph_launches_the_attention_kernel_itself(tmp_path):
     env["TRITUNE_CACHE_DIR"] = str(tmp_path)
     proc = subprocess.run([sys.executable, "-c", ROUTE], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    masked, plain = proc.stdout.split("def forward")[1:]
+    masked, plain, split = proc.stdout.split("def forward")[1:]
     for code in (masked, plain):
         assert code.count("triton_kernel_wrapper_functional(") == 1 and "tensors_to_clone = ['Out']" in code
         assert "'LK': 1024" in code and "'DOT': 1" in code and "scaled_dot_product" not in code
     assert "'stride_mb': 1024, 'stride_mh': 0, 'stride_mq': 0, 'stride_mk': 1" in masked
     assert "new_empty.default(arg0_1, [16, 4, 4, 128]" in masked and "permute" in masked  # [B, Lq, H, D] in memory
     assert "'Mask'" not in plain and "'MASK': 0" in plain and "permute" not in plain
+    assert "'WS'" not in masked + plain and "new_zeros" not in masked + plain  # unsplit: no scratch
+    # split over 4 programs a head: the grid's second axis, its scratch and zeroed counters
+    assert "grid = [(64, 4, 1)]" in split and "tensors_to_clone = ['Out', 'WS', 'LOCKS']" in split
+    assert "new_zeros" in split and "'SPLIT': 4" in split

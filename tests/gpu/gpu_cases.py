@@ -141,14 +141,16 @@ ATTENTION = [dict(batch=16, heads=4, lq=4, lk=1, d=128, mask="{dtype}", mask_dim
              dict(batch=16, heads=16, lq=1, lk=1000, d=64, out_order="bqhd"),
              dict(batch=1, heads=16, lq=1, lk=4096, d=128),
              dict(batch=4, heads=8, lq=5, lk=777, d=80, mask="bool", mask_dims="bqk")]
-ATTENTION_CONFIGS = [Config.of(BLOCK_N=n, DOT=dot, num_warps=w, num_stages=st)
-                     for n, dot, w, st in ((16, 0, 1, 1), (64, 0, 4, 1), (128, 0, 8, 1), (32, 1, 4, 2), (64, 1, 4, 3),
-                                           (128, 1, 8, 2))]
+ATTENTION_CONFIGS = [Config.of(BLOCK_N=n, DOT=dot, num_warps=w, num_stages=st, SPLIT=split)
+                     for n, dot, w, st, split in ((16, 0, 1, 1, 1), (64, 0, 4, 1, 1), (128, 0, 8, 1, 1),
+                                                  (32, 1, 4, 2, 1), (64, 1, 4, 3, 1), (128, 1, 8, 2, 1),
+                                                  (64, 0, 4, 1, 8), (64, 1, 4, 2, 2), (32, 1, 4, 3, 16))]
 
 
 def attention_cases() -> list:
     """Attention at decode shapes in fp16 and bf16, each with broadcast and MMA products over key
-    blocks of several widths (those its space keeps), and seeded random configs of its space."""
+    blocks of several widths, unsplit and split over several programs (those its space keeps), and
+    seeded random configs of its space."""
     out = []
     for i, (fields, dtype) in enumerate(itertools.product(ATTENTION, ("fp16", "bf16"))):
         expr = Attention(**{k: v.format(dtype=dtype) if k == "mask" else v for k, v in fields.items()}, dtype=dtype)
@@ -174,9 +176,10 @@ def route_cases() -> list[tuple[dict, str | None]]:
     return [(knobs, None) for knobs in [{}] + KNOBS] + [({}, "reduce-overhead"), (KNOBS[0], "reduce-overhead")]
 
 
-def store_defaults(tasks: list, path) -> str:
-    """A database where each task's workload has its family's default config as its one trial, so
-    that every site replays without a tuning run (a check of the replay, not a measurement)."""
+def store_defaults(tasks: list, path, config: Config | None = None) -> str:
+    """A database where each task's workload has its family's default config (or `config`) as its
+    one trial, so that every site replays without a tuning run (a check of the replay, not a
+    measurement)."""
     from tritune.kernels.device import device_info
     from tritune.kernels.family import device_key
 
@@ -184,6 +187,6 @@ def store_defaults(tasks: list, path) -> str:
         for task in tasks:
             expr = task.expr
             db.add_workload(expr.key, expr.op, expr.dtype, expr.to_json())
-            best = MeasureResult(family(expr.op).default_config(expr), Status.OK, *[1.0] * 4)
+            best = MeasureResult(config or family(expr.op).default_config(expr), Status.OK, *[1.0] * 4)
             db.save(expr.key, device_key(device_info(), expr.op), [best])
     return str(path)

@@ -18,6 +18,7 @@ from tritune.kernels.epilogue import BiasAdd, Gelu
 from tritune.kernels.expr import torch_dtype
 from tritune.kernels.family import REGISTRY, family
 from tritune.records.result import Status
+from tritune.schedules.config import Config
 from tritune.schedules.space import Limits
 from tritune.tuner.timing import Timing
 from tritune.tuner.worker.candidate import match_precision, rel_error
@@ -145,8 +146,9 @@ ATTENTION_SITES = [pytest.param(dtype, mode, lk, masked,
 def test_attention_site(dtype, mode, lk, masked, tmp_path):
     """Llama's decode attention (16 sequences, 4 query heads folded into each of 4 k/v heads' rows,
     head dim 128) over a cache of `lk` keys, as torch dispatches it on this GPU (memory-efficient,
-    flash or cuDNN; the mask padded and expanded for it), found, tuned with its family's default
-    config (no tuning run) and replayed by the tritune backend, against float64."""
+    flash or cuDNN; the mask padded and expanded for it), found, given a config as its best (no
+    tuning run: the family's default over one key, the keys split over 4 programs over a cache)
+    and replayed by the tritune backend, against float64."""
     import tritune
 
     gen = torch.Generator(device="cuda").manual_seed(lk)
@@ -157,7 +159,8 @@ def test_attention_site(dtype, mode, lk, masked, tmp_path):
     tasks = tritune.extract_tasks(Decode(), args)
     assert [t.expr.op for t in tasks] == ["attention"], [t.describe() for t in tasks]
     assert tasks[0].expr.mask_dims == ("bk" if masked and lk > 1 else "b" if masked else "")
-    db = gpu_cases.store_defaults(tasks, tmp_path / "t.db")
+    split = Config.of(BLOCK_N=64, DOT=1, num_warps=4, num_stages=2, SPLIT=4) if lk > 1 else None
+    db = gpu_cases.store_defaults(tasks, tmp_path / "t.db", split)
     torch._dynamo.reset()
     backend = tritune.compiler(db, mode=mode)
     with torch.no_grad():

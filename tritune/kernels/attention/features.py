@@ -10,10 +10,11 @@ import numpy as np
 from tritune.kernels.attention.expr import Attention
 from tritune.kernels.attention.launch import block_d, block_m
 from tritune.kernels.expr import DTYPE_BYTES
+from tritune.schedules.attention import split_keys
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits
 
-KNOB_NAMES = ("BLOCK_N", "num_warps", "num_stages")
+KNOB_NAMES = ("BLOCK_N", "num_warps", "num_stages", "SPLIT")
 DERIVED = (
     "DOT", "programs", "waves", "last_wave_util", "trips", "waste_m", "waste_n", "waste_d", "per_thread",
     "tile_bytes", "program_bytes", "log_lq", "log_lk", "log_d", "dtype_bytes", "mask", "mask_dims", "causal",
@@ -23,18 +24,18 @@ FEATURE_NAMES = tuple(f"log2_{k}" for k in KNOB_NAMES) + DERIVED
 
 def config_features(expr: Attention, limits: Limits, c: Config) -> list[float]:
     """One feature row (see FEATURE_NAMES)."""
-    n, warps, dot = c["BLOCK_N"], c["num_warps"], c["DOT"]
+    n, warps, dot, split = c["BLOCK_N"], c["num_warps"], c["DOT"], c.get("SPLIT", 1)
     m, d, eb = block_m(expr, dot), block_d(expr), DTYPE_BYTES[expr.dtype]
-    programs = expr.batch * expr.heads
+    programs = expr.batch * expr.heads * split
     waves = programs / limits.sms
-    trips = -(-expr.lk // n)
+    trips = split_keys(expr.lk, n, split) // n  # key blocks of one program
     values = m * n * d if not dot else m * d + m * n + 2 * n * d
     return [
-        *(math.log2(c[k]) for k in KNOB_NAMES),
+        *(math.log2(c.get(k, 1)) for k in KNOB_NAMES),
         dot, math.log2(programs), waves, waves / math.ceil(waves), math.log2(trips),
-        1 - expr.lq / m, 1 - expr.lk / (trips * n), 1 - expr.d / d,
+        1 - expr.lq / m, 1 - expr.lk / (trips * n * split), 1 - expr.d / d,
         values / (32 * warps), math.log2(n * d * eb),
-        math.log2(2 * expr.lk * expr.d * eb),  # k and v bytes one program streams
+        math.log2(2 * expr.lk * expr.d * eb / split),  # k and v bytes one program streams
         math.log2(expr.lq), math.log2(expr.lk), math.log2(expr.d), eb,
         ["none", "bool", *DTYPE_BYTES].index(expr.mask or "none"), len(expr.mask_dims), expr.causal,
     ]

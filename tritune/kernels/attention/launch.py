@@ -2,7 +2,8 @@
 holds the ints and pointer alignment a binary assumes).
 
 A launch takes (q, k, v, out[, mask]): q, out [B, H, Lq, D], k, v [B, H, Lk, D], any strides; the
-mask broadcastable to [B, H, Lq, Lk] (a dimension it does not vary along has stride 0)."""
+mask broadcastable to [B, H, Lq, Lk] (a dimension it does not vary along has stride 0). The kernel
+then takes a key split's scratch (`scratch`), which a launcher allocates once."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -100,6 +101,7 @@ def constexprs(expr: Attention, config: Config) -> dict[str, Any]:
     return {"SCALE": expr.scale, "MASK": 0 if expr.mask is None else 2 if expr.mask == "bool" else 1,
             "CAUSAL": expr.causal, "BLOCK_M": block_m(expr, config["DOT"]), "BLOCK_N": block_n, "BLOCK_D": bd,
             "DOT": config["DOT"], "DOT_PRECISION": "ieee" if expr.dtype == "fp32" else "tf32",
+            "SPLIT": config.get("SPLIT", 1),
             "EVEN_N": expr.lk % block_n == 0, "EVEN_D": expr.d == bd}
 
 
@@ -120,6 +122,7 @@ def binary(expr: Attention, config: Config, problem: Problem) -> Binary:
     """What the candidate's binary is built from, ints specialised as the other families do."""
     dtypes = (expr.dtype,) * 4 + (expr.mask or expr.dtype,)
     pointers = tuple((n, t, a) for n, t, a in zip(template.POINTER_NAMES, dtypes, problem.aligned))
+    pointers += (("WS", "fp32", True), ("LOCKS", "i32", True))
     ints = tuple((name, v, divisibility(v)) for name, v in zip(template.int_names(), problem.ints))
     options = (("num_warps", config["num_warps"]), ("num_stages", config["num_stages"]))
     kind = _Binary if expr.mask == "bool" else Binary
@@ -127,14 +130,38 @@ def binary(expr: Attention, config: Config, problem: Problem) -> Binary:
 
 
 def grid(expr: Attention, config: Config) -> tuple[int, int, int]:
-    """Launch grid: one program per (batch, head)."""
-    return (expr.batch * expr.heads, 1, 1)
+    """Launch grid: one program per (batch, head) and key split."""
+    return (expr.batch * expr.heads, config.get("SPLIT", 1), 1)
+
+
+def scratch_sizes(expr: Attention, config: Config) -> tuple[int, int]:
+    """A key split's scratch: fp32 elements of every split's partial accumulator, row maxima and
+    row sums, and one arrival counter per (batch, head) (int32, zero before the first launch; the
+    kernel re-arms them); (0, 0) unsplit."""
+    split = config.get("SPLIT", 1)
+    if split == 1:
+        return 0, 0
+    rows = block_m(expr, config["DOT"])
+    heads = expr.batch * expr.heads
+    return heads * split * rows * (block_d(expr) + 2), heads
+
+
+def scratch(expr: Attention, config: Config, like: Any) -> tuple[Any, Any]:
+    """A key split's scratch on `like`'s device (one element each unsplit: never read)."""
+    import torch
+
+    elements, counters = scratch_sizes(expr, config)
+    return like.new_empty(max(elements, 1), dtype=torch.float32), like.new_zeros(max(counters, 1), dtype=torch.int32)
 
 
 def launcher(expr: Attention, config: Config, problem: Problem, target: Any = None) -> Callable[..., None]:
-    """The candidate bound to one problem: call it with (q, k, v, out[, mask]) to launch once."""
+    """The candidate bound to one problem: call it with (q, k, v, out[, mask]) to launch once. A
+    split candidate owns its scratch: its launches must not overlap on different streams."""
     launch = Launcher(binary(expr, config, problem), grid(expr, config), target)
+    owned: list = []  # the key split's scratch, allocated at the first launch (on the operands' device)
 
     def run(q: Any, k: Any, v: Any, out: Any, mask: Any = None) -> None:
-        launch(q, k, v, out, q if mask is None else mask)  # q stands in for an absent mask (never read)
+        if not owned:
+            owned.extend(scratch(expr, config, q))
+        launch(q, k, v, out, q if mask is None else mask, *owned)  # q stands in for an absent mask (never read)
     return run

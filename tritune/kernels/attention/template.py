@@ -9,6 +9,10 @@ Keys past Lk and head-dim lanes past D are masked (D padded to a power of two).
 
 DOT=1 computes both products with tl.dot (rows padded to 16, what an MMA needs); DOT=0 with
 broadcast multiplies and sums in fp32 (CUDA cores: one or a few rows waste no MMA rows).
+
+SPLIT > 1 (flash-decoding) splits the keys of each (batch, head) over that many programs, so that
+few heads over many keys still fill the GPU: each parks its partial accumulator, max and sum in
+fp32 scratch, and the one arriving last (an atomic counter per head) merges them and stores.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from tritune.kernels.attention.expr import Attention
 from tritune.kernels.codegen import load_source
 
 KERNEL_NAME = "tritune_attention"
-POINTER_NAMES = ("Q", "K", "V", "Out", "Mask")
+POINTER_NAMES = ("Q", "K", "V", "Out", "Mask")  # then WS, LOCKS: a key split's scratch
 SIZE_NAMES = ("H", "LQ", "LK", "D")
 # q, k, v and out: batch, head, row, head dim; the mask: batch, head, query row, key
 STRIDE_NAMES = tuple(f"stride_{t}{dim}" for t in "qkvo" for dim in "bhnd") + tuple(f"stride_m{dim}" for dim in "bhqk")
@@ -38,13 +42,53 @@ def _tile(ptrs, ok, EVEN: tl.constexpr):
 
 
 @triton.jit
+def _rescale(m_i, m_new):
+    # exp2(m_i - m_new) and the exponent base of a new block: rows with no key yet (m at -inf)
+    # take 0 instead, so their exponentials stay 0 (no -inf - -inf)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    return tl.math.exp2(m_i - m_safe), m_safe
+
+
+@triton.jit
+def _merge(acc, m_i, l_i, WS, LOCKS, slot, split, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+           SPLIT: tl.constexpr):
+    # Each key split parks its unnormalised accumulator, row max and row sum; the split that arrives
+    # last merges them all (rescaled to the largest max), then re-arms the counter for the next launch.
+    part: tl.constexpr = BLOCK_M * BLOCK_D + 2 * BLOCK_M
+    rows = tl.arange(0, BLOCK_M)
+    offs = rows[:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
+    base = WS + slot.to(tl.int64) * (SPLIT * part)
+    tl.store(base + split * part + offs, acc)
+    tl.store(base + split * part + BLOCK_M * BLOCK_D + rows, m_i)
+    tl.store(base + split * part + BLOCK_M * BLOCK_D + BLOCK_M + rows, l_i)
+    tl.debug_barrier()  # every thread's part is stored before the counter says so
+    last = tl.atomic_add(LOCKS + slot, 1, sem="acq_rel") == SPLIT - 1
+    if last:
+        tl.debug_barrier()
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        for s in tl.static_range(SPLIT):
+            m_s = tl.load(base + s * part + BLOCK_M * BLOCK_D + rows, cache_modifier=".cg")
+            m_new = tl.maximum(m_i, m_s)
+            alpha, m_safe = _rescale(m_i, m_new)
+            beta = tl.math.exp2(m_s - m_safe)
+            l_i = l_i * alpha + tl.load(base + s * part + BLOCK_M * BLOCK_D + BLOCK_M + rows,
+                                        cache_modifier=".cg") * beta
+            acc = acc * alpha[:, None] + tl.load(base + s * part + offs, cache_modifier=".cg") * beta[:, None]
+            m_i = m_new
+        tl.store(LOCKS + slot, 0)
+    return acc, l_i, last
+
+
+@triton.jit
 def {name}(
-    Q, K, V, Out, Mask,
+    Q, K, V, Out, Mask, WS, LOCKS,
     {sizes},
 {strides}
     SCALE: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_N: tl.constexpr,
-    EVEN_D: tl.constexpr,
+    BLOCK_D: tl.constexpr, DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
+    EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
 ):
     # {description}
     pid = tl.program_id(0)
@@ -63,7 +107,12 @@ def {name}(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start in range(0, LK, BLOCK_N):
+    lo, hi = 0, LK
+    if SPLIT > 1:  # this program's share of the keys: whole blocks, the last split's ending at Lk
+        per = tl.cdiv(tl.cdiv(LK, SPLIT), BLOCK_N) * BLOCK_N
+        lo = tl.program_id(1) * per
+        hi = tl.minimum(lo + per, LK)
+    for start in range(lo, hi, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
         key_ok = keys < LK
         tile_ok = key_ok[:, None] & col_ok[None, :]
@@ -85,9 +134,8 @@ def {name}(
         if not EVEN_N:
             s = tl.where(key_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: exponents of 0
+        alpha, m_safe = _rescale(m_i, m_new)
         p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _tile(v_base + keys[:, None] * stride_vn, tile_ok, EVEN_N and EVEN_D)
         if DOT:
@@ -95,9 +143,13 @@ def {name}(
         else:
             acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], 1)
         m_i = m_new
-    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # a fully masked row: 0
-    o_ptrs = Out + off_b * stride_ob + off_h * stride_oh + rows[:, None] * stride_on + cols[None, :] * stride_od
-    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+    last = True
+    if SPLIT > 1:
+        acc, l_i, last = _merge(acc, m_i, l_i, WS, LOCKS, pid, tl.program_id(1), BLOCK_M, BLOCK_D, SPLIT)
+    if last:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # a fully masked row: 0
+        o_ptrs = Out + off_b * stride_ob + off_h * stride_oh + rows[:, None] * stride_on + cols[None, :] * stride_od
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 '''
 
 

@@ -253,7 +253,9 @@ class AttentionSite(_OneKernel):
             _misfit(self)
             return out.copy_(sdpa(expr, q, k, v, None, mask))  # the layout the graph was traced with
         ints = dict(zip(attention_launch.template.int_names(), attention_launch.ints_of(expr, q, k, v, out, mask)))
-        self.run(q, k, v, out, mask, **ints)
+        # a key split's scratch, None unsplit (specialised away: no allocation, no zeroing launch)
+        scratch = attention_launch.scratch(expr, self.config, q) if self.config.get("SPLIT", 1) > 1 else (None, None)
+        self.run(q, k, v, out, mask, *scratch, **ints)
         return out
 
     def fits(self, q: Any, k: Any, v: Any, mask: Any) -> bool:
