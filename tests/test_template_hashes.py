@@ -14,7 +14,7 @@ PINNED = {
     "layernorm": "2fe8777c40f74a89",
     "gated": "9000f181a7c51ada",
     "wide": "b71d4c38b1389f64",
-    "attention": "d897ccf965729603",
+    "attention": "e2a0d7f596f7e120",
 }
 
 

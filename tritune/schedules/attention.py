@@ -36,10 +36,12 @@ def split_keys(lk: int, block_n: int, split: int) -> int:
     return _cdiv(_cdiv(lk, split), block_n) * block_n
 
 
-def attention_space(heads: int, lq: int, lk: int, d: int, element_bytes: int, limits: Limits) -> Space:
-    """The space of an attention of `lq` query rows over `lk` keys of head dim `d`, for `heads`
-    (batch x heads) programs before any split."""
-    p = _Problem(heads, lq, lk, d, element_bytes, limits)
+def attention_space(heads: int, rows: tuple[int, int], lk: int, block_d: int, element_bytes: int,
+                    limits: Limits) -> Space:
+    """The space of an attention over `lk` keys for `heads` (batch x heads) programs before any
+    split, each with tiles of `rows` query rows (broadcast products, MMAs: the template pads them)
+    and `block_d` head-dim lanes."""
+    p = _Problem(heads, rows, lk, block_d, element_bytes, limits)
     return Space(KNOBS, (p.keys, p.registers, p.threads, p.split, p.stages))
 
 
@@ -48,18 +50,11 @@ class _Problem:
     """The constraints of one attention problem on one device, as methods."""
 
     heads: int
-    lq: int
+    rows: tuple[int, int]  # a tile's query rows with broadcast products and with MMAs
     lk: int
-    d: int
+    block_d: int
     element_bytes: int
     limits: Limits
-
-    @property
-    def block_d(self) -> int:
-        return max(16, _pow2(self.d))
-
-    def block_m(self, dot: int) -> int:
-        return max(16 if dot else 1, _pow2(self.lq))
 
     @reads("BLOCK_N")
     def keys(self, c: Config) -> str | None:
@@ -69,7 +64,7 @@ class _Problem:
 
     @reads("BLOCK_N", "DOT", "num_warps")
     def registers(self, c: Config) -> str | None:
-        m, n, d = self.block_m(c["DOT"]), c["BLOCK_N"], self.block_d
+        m, n, d = self.rows[c["DOT"]], c["BLOCK_N"], self.block_d
         # broadcast products hold an [M, N, D] product; MMAs the accumulator, scores and k, v tiles
         values = m * n * d if not c["DOT"] else m * d + m * n + 2 * n * d
         per_thread = values // (32 * c["num_warps"])

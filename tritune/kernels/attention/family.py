@@ -46,7 +46,9 @@ class AttentionFamily(Family):
     def space(self, expr: Attention, limits: Limits) -> Space:
         from tritune.schedules.attention import attention_space
 
-        return attention_space(expr.batch * expr.heads, expr.lq, expr.lk, expr.d, DTYPE_BYTES[expr.dtype], limits)
+        rows = (launch.block_m(expr.lq, 0), launch.block_m(expr.lq, 1))
+        return attention_space(expr.batch * expr.heads, rows, expr.lk, launch.block_d(expr.d), DTYPE_BYTES[expr.dtype],
+                               limits)
 
     def features(self, expr: Attention, limits: Limits, configs: Sequence[Config]) -> np.ndarray:
         from tritune.kernels.attention.features import features

@@ -25,7 +25,7 @@ FEATURE_NAMES = tuple(f"log2_{k}" for k in KNOB_NAMES) + DERIVED
 def config_features(expr: Attention, limits: Limits, c: Config) -> list[float]:
     """One feature row (see FEATURE_NAMES)."""
     n, warps, dot, split = c["BLOCK_N"], c["num_warps"], c["DOT"], c.get("SPLIT", 1)
-    m, d, eb = block_m(expr, dot), block_d(expr), DTYPE_BYTES[expr.dtype]
+    m, d, eb = block_m(expr.lq, dot), block_d(expr.d), DTYPE_BYTES[expr.dtype]
     programs = expr.batch * expr.heads * split
     waves = programs / limits.sms
     trips = split_keys(expr.lk, n, split) // n  # key blocks of one program

@@ -16,7 +16,21 @@ from tritune.schedules.config import Config
 
 # Replay's last resort: valid for any attention (MMAs: no [M, N, D] product in registers at 64 rows).
 DEFAULT = Config.of(BLOCK_N=16, DOT=1, num_warps=4, num_stages=1)
-MMA_ROWS = 16  # tl.dot's least M, N and K
+MMA_ROWS = 16  # tl.dot's least M and K
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def block_m(lq: int, dot: int) -> int:
+    """Query rows of a program's tile: Lq padded to a power of two (to 16 for MMAs)."""
+    return max(MMA_ROWS if dot else 1, _pow2(lq))
+
+
+def block_d(d: int) -> int:
+    """Head-dim lanes of a tile: D padded to a power of two, at least 16 (an MMA's K)."""
+    return max(MMA_ROWS, _pow2(d))
 
 
 @dataclass(frozen=True)
@@ -26,20 +40,6 @@ class Problem:
 
     ints: tuple[int, ...]
     aligned: tuple[bool, ...]
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
-def block_m(expr: Attention, dot: int) -> int:
-    """Query rows of a program's tile: Lq padded to a power of two (to 16 for MMAs)."""
-    return max(MMA_ROWS if dot else 1, _pow2(expr.lq))
-
-
-def block_d(expr: Attention) -> int:
-    """Head-dim lanes of a tile: D padded to a power of two, at least 16 (an MMA's K)."""
-    return max(MMA_ROWS, _pow2(expr.d))
 
 
 def dense_strides(shape: tuple[int, ...], order: str) -> tuple[int, ...]:
@@ -97,9 +97,9 @@ def problem_of(expr: Attention, q: Any, k: Any, v: Any, out: Any, mask: Any = No
 
 def constexprs(expr: Attention, config: Config) -> dict[str, Any]:
     """Compile-time parameters of the template for one config."""
-    block_n, bd = config["BLOCK_N"], block_d(expr)
+    block_n, bd = config["BLOCK_N"], block_d(expr.d)
     return {"SCALE": expr.scale, "MASK": 0 if expr.mask is None else 2 if expr.mask == "bool" else 1,
-            "CAUSAL": expr.causal, "BLOCK_M": block_m(expr, config["DOT"]), "BLOCK_N": block_n, "BLOCK_D": bd,
+            "CAUSAL": expr.causal, "BLOCK_M": block_m(expr.lq, config["DOT"]), "BLOCK_N": block_n, "BLOCK_D": bd,
             "DOT": config["DOT"], "DOT_PRECISION": "ieee" if expr.dtype == "fp32" else "tf32",
             "SPLIT": config.get("SPLIT", 1),
             "EVEN_N": expr.lk % block_n == 0, "EVEN_D": expr.d == bd}
@@ -141,9 +141,9 @@ def scratch_sizes(expr: Attention, config: Config) -> tuple[int, int]:
     split = config.get("SPLIT", 1)
     if split == 1:
         return 0, 0
-    rows = block_m(expr, config["DOT"])
+    rows = block_m(expr.lq, config["DOT"])
     heads = expr.batch * expr.heads
-    return heads * split * rows * (block_d(expr) + 2), heads
+    return heads * split * rows * (block_d(expr.d) + 2), heads
 
 
 def scratch(expr: Attention, config: Config, like: Any) -> tuple[Any, Any]:
