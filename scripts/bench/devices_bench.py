@@ -31,6 +31,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,7 +55,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--worker-cores", type=int, default=max(1, (os.cpu_count() or 2) // 2),
                    help="compile processes of each Dask GPU host [default: half the cores]")
     p.add_argument("--kill-at", type=int, default=40, help="kill: trials stored before a host is SIGKILLed")
-    p.add_argument("--budget-s", type=float, default=530.0, help="skip steps once this much wall time is spent")
+    p.add_argument("--budget-s", type=float, default=420.0,
+                   help="start no step once this much wall time is spent (the last may take a minute more)")
     p.add_argument("--step-timeout-s", type=float, default=240.0, help="the most one command may take")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, databases)")
     args = p.parse_args(argv)
@@ -242,68 +244,75 @@ def scheduler() -> Iterator[str]:
 
 
 @contextmanager
-def gpu_hosts(address: str, count: int, root: Path, name: str, cores: int) -> Iterator[list]:
+def gpu_hosts(address: str, count: int, root: Path, name: str, cores: int, wait_s: float = 120.0) -> Iterator[list]:
     """`count` tune-cli workers (GPU i each, `cores` compile processes, caches of their own), once
-    each says it serves; every one is killed at the end."""
-    procs = []
+    each says it serves (RuntimeError past `wait_s`); every one is killed at the end."""
+    procs, serving = [], []
     try:
         for i in range(count):
-            env = fresh_env(root, f"{name}-host{i}")
-            log = open(root / f"{name}-host{i}.log", "w")
-            procs.append((subprocess.Popen(tune_cli(["worker", "--scheduler", address, "--name", f"gpu{i}", "--devices",
-                                                     str(i), "--workers", str(cores)]), env=env,
-                                           stdout=log, stderr=subprocess.PIPE, text=True), log))
-        for proc, log in procs:
-            _wait_serving(proc, log)
-        yield [proc for proc, _ in procs]
+            log = root / f"{name}-host{i}.log"
+            cmd = tune_cli(["worker", "--scheduler", address, "--name", f"gpu{i}", "--devices", str(i),
+                            "--workers", str(cores)])
+            procs.append(subprocess.Popen(cmd, env=fresh_env(root, f"{name}-host{i}"), stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE, text=True))
+            serving.append(_drain(procs[-1], log))
+        deadline = time.perf_counter() + wait_s
+        for i, ready in enumerate(serving):
+            if not ready.wait(max(0.0, deadline - time.perf_counter())) or procs[i].poll() is not None:
+                raise RuntimeError(f"tune-cli worker gpu{i} is not serving (see {name}-host{i}.log)")
+        yield procs
     finally:
-        for proc, log in procs:
+        for proc in procs:
             proc.kill()
             proc.wait()
-            log.close()
 
 
-def _wait_serving(proc: subprocess.Popen, log: Any) -> None:
-    """Read a worker's stderr (into its log) until it says it serves; RuntimeError if it ends first."""
-    while True:
-        line = proc.stderr.readline()
-        log.write(line)
-        if "serving" in line:
-            return
-        if not line:
-            log.flush()
-            raise RuntimeError(f"a tune-cli worker ended before serving (exit {proc.wait()}): see {log.name}")
+def _drain(proc: subprocess.Popen, log: Path) -> threading.Event:
+    """Copy a worker's stderr into its log from a thread (a full pipe would stall it); the event is
+    set once it says it serves, or once it ends."""
+    ready = threading.Event()
+
+    def copy() -> None:
+        with open(log, "w") as out:
+            for line in proc.stderr:
+                out.write(line)
+                if "serving" in line:
+                    ready.set()
+        ready.set()
+    threading.Thread(target=copy, daemon=True).start()
+    return ready
 
 
 def step_dask(args: argparse.Namespace, root: Path, name: str, timeout_s: float) -> dict:
     """dask1 / dask2: run1's workload through one or two Dask GPU hosts (started before the timed
     command: their start is not in its seconds)."""
-    db = root / name / "t.db"
-    with scheduler() as address, gpu_hosts(address, 1 if name == "dask1" else 2, root, name, args.worker_cores):
+    db, deadline = root / name / "t.db", time.perf_counter() + timeout_s
+    with scheduler() as address, gpu_hosts(address, 1 if name == "dask1" else 2, root, name, args.worker_cores,
+                                           timeout_s):
         cmd = tune_cli([*RUN, "--trials", str(args.run_trials), "--db", str(db), "--cluster", address])
-        run = timed(cmd, fresh_env(root, name), timeout_s, root / f"{name}.log")
+        run = timed(cmd, fresh_env(root, name), max(10.0, deadline - time.perf_counter()), root / f"{name}.log")
     return summarised(run, db, {})
 
 
 def step_kill(args: argparse.Namespace, root: Path, name: str, timeout_s: float) -> dict:
     """kill: dask2's command, with its second host SIGKILLed once --kill-at trials are stored."""
-    db = root / name / "t.db"
-    with scheduler() as address, gpu_hosts(address, 2, root, name, args.worker_cores) as hosts:
+    db, deadline = root / name / "t.db", time.perf_counter() + timeout_s
+    with scheduler() as address, gpu_hosts(address, 2, root, name, args.worker_cores, timeout_s) as hosts:
         cmd = tune_cli([*RUN, "--trials", str(args.run_trials), "--db", str(db), "--cluster", address])
-        start = time.perf_counter()
-        proc = subprocess.Popen(cmd, env=fresh_env(root, name), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-        before = _stored_by(db, args.kill_at, proc, start + timeout_s)
-        hosts[1].send_signal(signal.SIGKILL)
-        try:
-            out, err = proc.communicate(timeout=max(1.0, start + timeout_s - time.perf_counter()))
-            rc = proc.returncode
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-            rc = "timeout"
-    run = {"rc": rc, "seconds": round(time.perf_counter() - start, 1), "stdout": out, "stderr": err}
-    (root / f"{name}.log").write_text(f"$ {' '.join(cmd)}\n{out}\n--- stderr\n{err}")
+        start, timeout_s = time.perf_counter(), max(10.0, deadline - time.perf_counter())
+        outs = [root / f"{name}.out", root / f"{name}.err"]  # files, not pipes: nothing reads them meanwhile
+        with open(outs[0], "w") as out, open(outs[1], "w") as err:
+            proc = subprocess.Popen(cmd, env=fresh_env(root, name), stdout=out, stderr=err, text=True)
+            before = _stored_by(db, args.kill_at, proc, start + timeout_s)
+            hosts[1].send_signal(signal.SIGKILL)
+            try:
+                rc = proc.wait(timeout=max(1.0, start + timeout_s - time.perf_counter()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                rc = "timeout"
+    run = {"rc": rc, "seconds": round(time.perf_counter() - start, 1), "stdout": outs[0].read_text(),
+           "stderr": outs[1].read_text()}
     return {**summarised(run, db, {}), "kill": kill_verdict(db, before, run)}
 
 

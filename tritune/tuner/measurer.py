@@ -194,8 +194,9 @@ class Measurer:
         result = runner.measure(self.expr, config, compile_s, best_ms=self.best_ms)
         for phase, key, was in zip(GPU_PHASES, keys, before):
             seconds = runner.watch.spent.get(key, 0.0) - was
-            self.watch.add(phase, seconds)
-            self.watch.add(key, seconds)
+            if seconds:  # a cluster's host keeps its GPU seconds: it names no device it cannot tell of
+                self.watch.add(phase, seconds)
+                self.watch.add(key, seconds)
         return result
 
 
