@@ -4,7 +4,9 @@ lowering (inputs copied into the captured buffers, outputs cloned), and against 
 of the whole model call replayed by hand, no torch.compile on the way). Each zoo model's decode
 step, all variants in one process, timed in turns (mean per step of steps back to back).
 
-    python -m scripts.probes.graph_replay_probe --models gpt2,llama --batch 16
+    python -m scripts.probes.graph_replay_probe --models gpt2,llama --batch 16 [--hidden 256]
+
+With a narrow model (--hidden 256) the GPU is never the limit: the times are the host's.
 """
 from __future__ import annotations
 
@@ -73,10 +75,12 @@ def main() -> None:
     p.add_argument("--models", default="gpt2,llama")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--hidden", type=int, default=None, help="a narrower model: the host's cost alone")
     args = p.parse_args()
     for name in args.models.split(","):
         torch._dynamo.reset()
-        model = getattr(zoo, name)().cuda().half().eval()
+        factory = getattr(zoo, name)
+        model = (factory(hidden=args.hidden) if args.hidden else factory()).cuda().half().eval()
         hidden = model.model.config.hidden_size
         x = torch.randn(args.batch, 1, hidden, device="cuda", dtype=torch.half)
         with torch.no_grad():
