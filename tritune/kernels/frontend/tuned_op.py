@@ -12,9 +12,9 @@
 `norm`: the weight [K] of the RMSNorm the site reads its input (a, x) through, where its
 expression has one (`tritune.kernels.norm`); the input is then the norm's input.
 
-Each kind of site (a contraction with its epilogue, a gated pair, a wide group, attention) is one `SiteKind`
-of `KINDS`: its match, how the graph is rewritten for it, its replay site and its op. A new fused
-pattern is one more entry (and its functions), not a branch in the backend.
+Each kind of site (a contraction with its epilogue, a gated pair, a wide group, attention) is one
+`SiteKind` of `KINDS`: its match, how the graph is rewritten for it, its replay site and its op. A
+new fused pattern is one more entry (and its functions), not a branch in the backend.
 
 Each op is a `torch.library.triton_op`: when torch.compile traces it, its body becomes a launch of the
 tuned Triton kernel in Inductor's own generated code (Inductor compiles it with its other kernels,
