@@ -9,7 +9,9 @@ kernels. A site whose best is the library (cuBLAS measured faster while tuning),
 a record, and the rest of the graph go to Inductor (or to another `fallback`), in the `mode` asked
 for ("reduce-overhead": CUDA graphs), as does a whole graph whose tensors are not all on CUDA; a
 gated pair or wide group whose kernel does not run leaves its contractions to be sites of their
-own. Misses are logged once per workload.
+own. Misses are logged once per workload. In the "reduce-overhead" mode with Inductor, a graph with
+tuned sites runs Inductor's default lowering replayed from one plain CUDA graph (`graphs`: less
+host time per call than Inductor's CUDA-graph trees), unless it writes a non-static input in place.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from tritune.errors import first_line
 from tritune.kernels.device import device_info, interpreted
 from tritune.kernels.family import device_key
 from tritune.kernels.frontend import graph
+from tritune.kernels.frontend.graphs import GraphStep, capturable
 from tritune.kernels.frontend.outer import outer_products
 from tritune.kernels.frontend.rewrites import GraphEdit
 from tritune.records import dispatch
@@ -112,6 +115,9 @@ class Backend:
         self.mode = dispatch.graph_mode(fallback, mode) if graph_verdicts and isinstance(fallback, str) else None
         self.sites: list[tuple[str, str]] = []
         self.graphs: list[str] = []
+        # CUDA-graph mode: graphs with tuned sites replay Inductor's default lowering from one plain
+        # CUDA graph each (`graphs`), not through the trees Inductor's reduce-overhead builds
+        self.plain = inductor() if fallback == "inductor" and mode == "reduce-overhead" else None
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
         why = _unsupported(example_inputs)
@@ -137,6 +143,8 @@ class Backend:
             return self.fallback(gm, example_inputs)
         rewrite(aten, hits)
         _keep_input_facts(gm, aten)
+        if self.plain is not None and capturable(aten, example_inputs):
+            return GraphStep(self.plain(aten, example_inputs), example_inputs)
         return self.fallback(aten, example_inputs)
 
     def _lookup(self, matches: list[Matched], info: dict) -> list[tuple[Matched, str]]:

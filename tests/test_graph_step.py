@@ -1,0 +1,165 @@
+"""The backend's CUDA-graph mode: Inductor's default lowering replayed from one plain CUDA graph
+(`GraphStep`). On the CPU a stand-in graph records the call made during capture and repeats it on
+the captured tensors at each replay, writing into the captured outputs, as a real graph does."""
+import logging
+
+import pytest
+import torch
+
+from test_compiler import store, tuned_calls  # noqa: F401 - fixtures
+from tritune.kernels.frontend import graphs
+from tritune.kernels.frontend.graph import aten_graph
+from tritune.kernels.frontend.graphs import GraphStep, capturable
+
+
+class FakeGraph:
+    """Records the one call made while capturing; replay() runs it again into the same outputs."""
+
+    captures = 0
+    current = None
+
+    def __init__(self):
+        self.call = None
+
+    def replay(self):
+        fn, args, outs = self.call
+        for out, new in zip(outs, fn(*args)):
+            out.copy_(new)
+
+
+class Capture:
+    def __init__(self, graph):
+        self.graph = graph
+
+    def __enter__(self):
+        FakeGraph.current, FakeGraph.captures = self.graph, FakeGraph.captures + 1
+
+    def __exit__(self, *exc):
+        FakeGraph.current = None
+
+
+class Recorded:
+    """A compiled graph: fn(*args) -> list of fresh tensors; registers itself with a capture."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        outs = self.fn(*args)
+        if FakeGraph.current is not None:
+            FakeGraph.current.call = (self.fn, args, outs)
+        return outs
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    FakeGraph.captures = 0
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", Capture)
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: torch.autograd.grad_mode.no_grad())
+
+
+def _step(weight):
+    fn = Recorded(lambda w, x: [x @ w + 1.0])
+    return fn, GraphStep(fn, [weight, torch.randn(3, 4)])
+
+
+def test_replays_read_weights_in_place_and_copy_other_inputs(fake_cuda):
+    w = torch.nn.Parameter(torch.randn(4, 5), requires_grad=False)
+    fn, step = _step(w)
+    kept = []
+    for i in range(6):
+        x = torch.randn(3, 4)  # a new tensor every call: copied into the graph's buffer
+        out = step(w, x)[0]
+        assert torch.equal(out, x @ w + 1.0)
+        kept.append((out, x @ w + 1.0))
+    assert FakeGraph.captures == 1 and fn.calls == graphs.WARM_CALLS + 2  # warm calls, side stream, capture
+    # each step's output is its own: later replays did not overwrite it
+    assert all(torch.equal(out, want) for out, want in kept)
+    with torch.no_grad():
+        w.mul_(2.0)  # updated in place: the graph reads it where it is
+    x = torch.randn(3, 4)
+    assert torch.equal(step(w, x)[0], x @ w + 1.0) and FakeGraph.captures == 1
+
+
+def test_a_weight_that_moved_is_captured_again(fake_cuda):
+    w = torch.nn.Parameter(torch.randn(4, 5), requires_grad=False)
+    _, step = _step(w)
+    x = torch.randn(3, 4)
+    for _ in range(4):
+        step(w, x)
+    moved = torch.nn.Parameter(torch.randn(4, 5), requires_grad=False)
+    assert torch.equal(step(moved, x)[0], x @ moved + 1.0) and FakeGraph.captures == 2
+
+
+def test_a_capture_that_fails_runs_without_graphs(fake_cuda, monkeypatch, caplog):
+    def refuse(graph):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(torch.cuda, "graph", refuse)
+    w = torch.nn.Parameter(torch.randn(4, 5), requires_grad=False)
+    fn, step = _step(w)
+    with caplog.at_level(logging.WARNING, logger="tritune.compiler"):
+        for _ in range(5):
+            x = torch.randn(3, 4)
+            assert torch.equal(step(w, x)[0], x @ w + 1.0)
+    assert step.broken and "could not be captured" in caplog.text
+
+
+def test_an_output_that_views_an_input_is_not_replayed(fake_cuda):
+    fn = Recorded(lambda w, x: [x.view(-1)])
+    step = GraphStep(fn, [torch.nn.Parameter(torch.randn(2), requires_grad=False), torch.randn(3, 4)])
+    w = torch.nn.Parameter(torch.randn(2), requires_grad=False)
+    for _ in range(4):
+        x = torch.randn(3, 4)
+        assert torch.equal(step(w, x)[0], x.view(-1))
+    assert step.broken
+
+
+def test_graphs_writing_a_non_static_input_stay_with_the_trees():
+    buf = torch.nn.Buffer(torch.zeros(3)) if hasattr(torch.nn, "Buffer") else torch.zeros(3)
+    buf._dynamo_static_input_type = "unguarded"  # what Dynamo marks a module's buffer with
+    x = torch.randn(3)
+
+    def writes_input(b, x):
+        x.add_(1.0)
+        return (b + x,)
+
+    def writes_buffer(b, x):
+        b.add_(x)
+        return (b * 2,)
+
+    assert not capturable(aten_graph(writes_input, (buf, x)), [buf, x])
+    assert capturable(aten_graph(writes_buffer, (buf, x)), [buf, x])
+    assert capturable(aten_graph(lambda b, x: (b + x,), (buf, x)), [buf, x])
+
+
+def test_the_backend_replays_graphs_with_tuned_sites_from_one_cuda_graph(fake_cuda, monkeypatch, tmp_path,
+                                                                          tuned_calls):
+    import tritune
+    from tritune.kernels.frontend import compiler
+
+    lowered = []
+
+    def plain_inductor(mode=None):  # stands in for Inductor: the graph as it is, recorded
+        def compile_graph(gm, example_inputs):
+            lowered.append(mode)
+            return Recorded(gm)
+        return compile_graph
+
+    monkeypatch.setattr(compiler, "inductor", plain_inductor)
+    model, x = torch.nn.Sequential(torch.nn.Linear(23, 21), torch.nn.ReLU(), torch.nn.Linear(21, 9)), torch.randn(17, 23)
+    db = store(tmp_path / "t.db", [t.expr for t in tritune.extract_tasks(model, (x,))])
+    torch._dynamo.reset()
+    backend = tritune.compiler(db, mode="reduce-overhead")
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    with torch.no_grad():
+        outs = [(compiled(x), model(x)) for x in (torch.randn(17, 23) for _ in range(5))]
+    assert [k for _, k in backend.sites] == ["tuned", "tuned"] and lowered == [None]  # the default lowering
+    assert FakeGraph.captures == 1 and all(torch.allclose(y, want, atol=1e-5) for y, want in outs)
