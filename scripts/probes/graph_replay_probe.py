@@ -1,8 +1,9 @@
 """Where a decode step's wall time goes under CUDA graphs: the host's cost of torch's CUDA-graph
 trees (Inductor `reduce-overhead`) against a plain CUDA graph replayed around Inductor's default
-lowering (inputs copied into the captured buffers, outputs cloned), and against the floor (a graph
-of the whole model call replayed by hand, no torch.compile on the way). Each zoo model's decode
-step, all variants in one process, timed in turns (mean per step of steps back to back).
+lowering (the backend's CUDA-graph mode, `GraphStep`: inputs copied in, outputs cloned), and
+against the floor (a graph of the whole model call replayed by hand, no torch.compile on the way).
+Each zoo model's decode step, all variants in one process, timed in turns (mean per step of steps
+back to back).
 
     python -m scripts.probes.graph_replay_probe --models gpt2,llama --batch 16 [--hidden 256]
 
@@ -39,30 +40,13 @@ def plain_graph(fn, inputs):
 
 
 def lean_backend(gm, example_inputs):
-    """Inductor's default lowering replayed from one plain CUDA graph (parameters stay in place)."""
-    import torch
+    """Inductor's default lowering replayed from one plain CUDA graph, as the backend's CUDA-graph
+    mode replays it (`GraphStep`)."""
     from torch._inductor.compile_fx import compile_fx
 
-    fn = compile_fx(gm, list(example_inputs))  # dynamo calls it, and so this wrapper, with the arguments
-    params = {i for i, x in enumerate(example_inputs) if isinstance(x, torch.nn.Parameter)}
-    state = {"calls": 0}
+    from tritune.kernels.frontend.graphs import GraphStep
 
-    def call(*args):
-        if "graph" not in state:
-            state["calls"] += 1
-            if state["calls"] < 3:
-                return fn(*args)
-            state["static"] = [a if i in params else a.clone() for i, a in enumerate(args)]
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                state["out"] = fn(*state["static"])
-            state["graph"] = graph
-        for i, (s, a) in enumerate(zip(state["static"], args)):
-            if i not in params:
-                s.copy_(a)
-        state["graph"].replay()
-        return [o.clone() for o in state["out"]]
-    return call
+    return GraphStep(compile_fx(gm, list(example_inputs)), example_inputs)
 
 
 def main() -> None:

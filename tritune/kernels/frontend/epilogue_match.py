@@ -277,9 +277,10 @@ def _dtype(t: Any) -> str:
     return DTYPE_NAMES.get(str(t.dtype), "")
 
 
-def written(node: fx.Node) -> bool:
+def written(node: fx.Node, exact: bool = False) -> bool:
     """Whether an op of the graph writes the tensor of `node` in place, directly or through a view
-    (of it, or of what it views)."""
+    (of it, or of what it views): any mutating op it is passed to, or, `exact`, only as an
+    argument that op's schema writes."""
     while node.target in ALIASES and isinstance(node.args[0], fx.Node):
         node = node.args[0]
     todo, seen = [node], set()
@@ -287,11 +288,20 @@ def written(node: fx.Node) -> bool:
         n = todo.pop()
         seen.add(n)
         for u in n.users:
-            if getattr(getattr(u.target, "_schema", None), "is_mutable", False):
+            if _writes(u, n) if exact else getattr(getattr(u.target, "_schema", None), "is_mutable", False):
                 return True
             if u.target in ALIASES and u not in seen:
                 todo.append(u)
     return False
+
+
+def _writes(op: fx.Node, n: fx.Node) -> bool:
+    """Whether `op` takes `n` as an argument its schema writes (positional or by name)."""
+    schema = getattr(op.target, "_schema", None)
+    if schema is None:
+        return False
+    given = [*zip(schema.arguments, op.args), *((a, op.kwargs.get(a.name)) for a in schema.arguments)]
+    return any(v is n and getattr(a.alias_info, "is_write", False) for a, v in given)
 
 
 def is_view_of(node: Any, source: fx.Node) -> bool:

@@ -26,7 +26,7 @@ import torch
 import torch.fx as fx
 
 from tritune.errors import first_line
-from tritune.kernels.frontend.epilogue_match import ALIASES
+from tritune.kernels.frontend.epilogue_match import written
 
 log = logging.getLogger("tritune.compiler")
 WARM_CALLS = 2  # calls run before the capture: Inductor's first calls may compile and autotune
@@ -42,25 +42,7 @@ def capturable(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
     placeholders = gm.graph.find_nodes(op="placeholder")
     if len(placeholders) != len(example_inputs) or not all(isinstance(x, torch.Tensor) for x in example_inputs):
         return False
-    return not any(_written(p) for p, x in zip(placeholders, example_inputs) if not static_input(x))
-
-
-def _written(node: fx.Node) -> bool:
-    """Whether an op writes `node`'s tensor in place (as the argument its schema writes), directly
-    or through views of it."""
-    todo, seen = [node], set()
-    while todo:
-        n = todo.pop()
-        seen.add(n)
-        for u in n.users:
-            schema = getattr(u.target, "_schema", None)
-            if schema is not None:
-                given = [*zip(schema.arguments, u.args), *((a, u.kwargs.get(a.name)) for a in schema.arguments)]
-                if any(v is n and getattr(a.alias_info, "is_write", False) for a, v in given):
-                    return True
-            if u.target in ALIASES and u not in seen:
-                todo.append(u)
-    return False
+    return not any(written(p, exact=True) for p, x in zip(placeholders, example_inputs) if not static_input(x))
 
 
 class GraphStep:
@@ -70,7 +52,7 @@ class GraphStep:
     def __init__(self, fn: Callable[..., Any], example_inputs: Sequence[Any]) -> None:
         self.fn = fn
         self.static = [i for i, x in enumerate(example_inputs) if static_input(x)]
-        self.copied = [i for i in range(len(example_inputs)) if i not in set(self.static)]
+        self.copied = [i for i, x in enumerate(example_inputs) if not static_input(x)]
         self.calls, self.graph, self.broken = 0, None, False
         self.inputs: list = []
         self.outputs: Any = None

@@ -158,6 +158,11 @@ class _OneKernel:
         """Whether tensor-descriptor loads, if the config uses them, can read the operands."""
         return not self.config.get("TMA", 0) or self.launch.tma_unfit(self.expr, problem) is None
 
+    def scratch(self, like: Any, knob: str = "SPLIT_K") -> tuple[Any, Any]:
+        """The launch module's scratch for a config split by `knob`; None each unsplit (specialised
+        away: no allocation, no zeroing launch)."""
+        return self.launch.scratch(self.expr, self.config, like) if self.config.get(knob, 1) > 1 else (None, None)
+
     def run(self, *args: Any, **ints: Any) -> None:
         """Launch the site's kernel (Inductor traces this into a launch of its own)."""
         if self.config.get("TMA", 0):
@@ -179,10 +184,8 @@ class GatedSite(_OneKernel):
             _misfit(self)
             return GATED.expression(expr)(x, w1, w2, out, b1, b2, *_trailing((), norm))
         ints = dict(zip(gated_launch.INTS, gated_launch.ints_of(expr, x, w1, w2, out, b1, b2)))
-        # split-K's scratch, None unsplit (specialised away: no allocation, no zeroing launch)
-        scratch = gated_launch.scratch(expr, self.config, x) if self.config.get("SPLIT_K", 1) > 1 else (None, None)
-        self.run(x, w1, w2, out, b1 if expr.bias else None, b2 if expr.bias else None, *_trailing((), norm), *scratch,
-                 **ints)
+        self.run(x, w1, w2, out, b1 if expr.bias else None, b2 if expr.bias else None, *_trailing((), norm),
+                 *self.scratch(x), **ints)
         return out
 
     def fits(self, x: Any, w1: Any, w2: Any, out: Any, b1: Any, b2: Any) -> bool:
@@ -216,9 +219,7 @@ class WideSite(_OneKernel):
             _misfit(self)
             return products(expr, x, *ws, *outs, *bs, *_trailing((), norm))
         ints = dict(zip(wide_launch.template.int_names(expr), wide_launch.ints_of(expr, x, ws, outs, bs)))
-        # split-K's scratch, None unsplit (specialised away: no allocation, no zeroing launch)
-        scratch = wide_launch.scratch(expr, self.config, x) if self.config.get("SPLIT_K", 1) > 1 else (None, None)
-        self.run(x, *ws, *outs, *bs, *_trailing((), norm), *scratch, **ints)
+        self.run(x, *ws, *outs, *bs, *_trailing((), norm), *self.scratch(x), **ints)
         return outs
 
     def fits(self, x: Any, ws: list, outs: list, bs: list) -> bool:
@@ -253,9 +254,7 @@ class AttentionSite(_OneKernel):
             _misfit(self)
             return out.copy_(sdpa(expr, q, k, v, None, mask))  # the layout the graph was traced with
         ints = dict(zip(attention_launch.template.int_names(), attention_launch.ints_of(expr, q, k, v, out, mask)))
-        # a key split's scratch, None unsplit (specialised away: no allocation, no zeroing launch)
-        scratch = attention_launch.scratch(expr, self.config, q) if self.config.get("SPLIT", 1) > 1 else (None, None)
-        self.run(q, k, v, out, mask, *scratch, **ints)
+        self.run(q, k, v, out, mask, *self.scratch(q, "SPLIT"), **ints)
         return out
 
     def fits(self, q: Any, k: Any, v: Any, mask: Any) -> bool:
