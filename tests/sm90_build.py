@@ -77,4 +77,5 @@ for line in sys.stdin:
         compiled = fam.compile(expr, config, fam.canonical_problem(expr), TARGET)
     print(json.dumps({"shared": compiled.metadata.shared, "wgmma": "wgmma" in compiled.asm["ptx"],
                       "warps": compiled.metadata.num_warps, "nones": nones,
+                      "launch_pdl": bool(getattr(compiled.metadata, "launch_pdl", False)),
                       "ptx": compiled.asm["ptx"] if case.get("ptx") else None}), flush=True)

@@ -7,13 +7,13 @@ import pytest
 from tritune.kernels.family import family, ops
 
 PINNED = {
-    "matmul": "6338062fb280132b",
-    "bmm": "6338062fb280132b",
+    "matmul": "f29c4202f31771ca",
+    "bmm": "f29c4202f31771ca",
     "conv2d": "0963f5b4f9f1b7b3",
     "softmax": "2fe8777c40f74a89",
     "layernorm": "2fe8777c40f74a89",
-    "gated": "9000f181a7c51ada",
-    "wide": "b71d4c38b1389f64",
+    "gated": "13e260c935284f3a",
+    "wide": "60abe6c9c90bddd0",
     "attention": "e2a0d7f596f7e120",
 }
 
@@ -41,9 +41,9 @@ def _generated_sources(module, examples) -> str:
 
 
 def test_generated_kernels_without_a_norm_unchanged():
-    # the GEMM templates grew a row-norm prologue: every contraction kernel without one is
-    # generated exactly as before it, so the shipped recordings (plain contractions) still
-    # describe today's kernels; the wide and gated kernels changed on purpose when they gained split-K
+    # the GEMM templates changed on purpose when they gained a row-norm prologue, split-K (wide and
+    # gated) and programmatic dependent launch (PDL); a PDL=0 kernel compiles to the code it did
+    # before (test_kernels_without_early_launch_compile_as_before)
     from tritune.kernels.contraction import expr as contraction_expr
     from tritune.kernels.contraction import template as contraction_template
     from tritune.kernels.gated import expr as gated_expr
@@ -51,6 +51,36 @@ def test_generated_kernels_without_a_norm_unchanged():
     from tritune.kernels.wide import expr as wide_expr
     from tritune.kernels.wide import template as wide_template
 
-    assert _generated_sources(contraction_template, contraction_expr.AWKWARD) == "79b06303da7870ab"
-    assert _generated_sources(gated_template, gated_expr.AWKWARD) == "6065249747ae3b0c"
-    assert _generated_sources(wide_template, wide_expr.AWKWARD) == "30a068ae43f38e44"
+    assert _generated_sources(contraction_template, contraction_expr.AWKWARD) == "7675c1029737e49b"
+    assert _generated_sources(gated_template, gated_expr.AWKWARD) == "ec2e030386da85f4"
+    assert _generated_sources(wide_template, wide_expr.AWKWARD) == "01117eedda01d347"
+
+
+# sm_90 PTX (debug lines stripped) of plain contractions, pinned per Triton version: taken before
+# the PDL knob existed, so the shipped recordings (plain contractions, no PDL) still describe the
+# kernels a PDL=0 config builds
+PTX_BEFORE_PDL = {"3.9.0": ["d30ea39af516ddbe", "307b7580bbf372b3", "c2d753cc7f865d01"]}
+
+
+def test_kernels_without_early_launch_compile_as_before():
+    import hashlib
+    import re
+
+    import triton
+
+    from test_codegen_sm90 import CASES, EPILOGUE, build_sm90
+    from tritune.kernels.contraction.expr import Matmul
+    from tritune.schedules.config import Config
+
+    if triton.__version__ not in PTX_BEFORE_PDL:
+        pytest.skip(f"no PTX pinned for Triton {triton.__version__}")
+    skinny = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, GROUP_M=1, num_warps=4, num_stages=3, UNROLL=1)
+    cases = [(Matmul(16, 2048, 2048, trans_b=True), Config.of(skinny, TMA=1)),
+             (Matmul(16, 2048, 5632, trans_b=False, dtype="fp32"), Config.of(skinny, BLOCK_K=64, SPLIT_K=2)),
+             (Matmul(4096, 4096, 4096, epilogue=EPILOGUE), Config.of(CASES[0][1], TMA=2, PERSISTENT=1))]
+
+    def code(ptx: str) -> str:  # without source locations, which move with any edit of the template
+        kept = [line for line in ptx.splitlines() if not re.match(r"\s*(\.loc|\.file|//)", line)]
+        return "\n".join(kept).split(".section\t.debug")[0]
+    got = [hashlib.sha256(code(r["ptx"]).encode()).hexdigest()[:16] for r in build_sm90(cases, ptx=True)]
+    assert got == PTX_BEFORE_PDL[triton.__version__]

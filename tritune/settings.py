@@ -20,15 +20,20 @@ class Settings:
     # a module standing in for the GPU (its worker `handlers` and compile `build`), so that tests
     # run whole `tune-cli` processes on machines without one; None on real hosts
     fake_gpu: str | None = None
+    # whether the GEMM spaces offer programmatic dependent launch (Hopper and later): off unless
+    # asked for, since it did not pay in whole decode steps (BENCHMARKS.md) while a candidate timed
+    # back to back with itself overlaps its own next launch, which a model's step never gives it
+    pdl: bool = False
 
     @classmethod
     def from_env(cls) -> "Settings":
-        """Read TRITUNE_DB, TRITUNE_CACHE_DIR, TRITON_INTERPRET and TRITUNE_FAKE_GPU once."""
+        """Read TRITUNE_DB, TRITUNE_CACHE_DIR, TRITON_INTERPRET, TRITUNE_FAKE_GPU and TRITUNE_PDL once."""
         cache = Path(os.environ.get("TRITUNE_CACHE_DIR") or _cache_home())
         db = Path(os.environ.get("TRITUNE_DB") or cache / "tuning.db")
         interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
         return cls(db_path=db.expanduser(), kernel_dir=cache.expanduser() / "kernels", interpret=interpret,
-                   fake_gpu=os.environ.get("TRITUNE_FAKE_GPU") or None)
+                   fake_gpu=os.environ.get("TRITUNE_FAKE_GPU") or None,
+                   pdl=os.environ.get("TRITUNE_PDL", "0") not in ("", "0"))
 
 
 SETTINGS = Settings.from_env()

@@ -5,7 +5,8 @@ replays: plain launches against launches with the programmatic-dependence attrib
 kernel prefetches its weight slice into L2, waits for the previous kernel (`gdc_wait`) and lets the
 next one start (`gdc_launch_dependents`). Also reports whether torch's Inductor has `enable_pdl`.
 
-    python -m scripts.probes.pdl_probe
+    python -m scripts.probes.pdl_probe [--model]
+    python -m scripts.probes.pdl_probe --db TUNED.db --models llama,gpt2   (the backend's early launch on and off)
 """
 from __future__ import annotations
 
@@ -110,7 +111,47 @@ def inductor_pdl() -> None:
                   f"GPU {gpu_ms_per_call(fn):.4f} ms", flush=True)
 
 
+def tuned_pdl(db: str, models: list[str], rounds: int = 10) -> None:
+    """Zoo decoders at decode (batch 16) compiled by the tritune backend in its CUDA-graph mode from a
+    tuned database, its sites launching early as tuned (PDL) and not (`early_launch=False`: the same
+    tiles built without it), timed in turns: ms per step of steps back to back (GPU-bound when the
+    GPU's step is longer than the host's), and the profiler's sum of kernel times (which counts an
+    early kernel's wait for its predecessor as its own time)."""
+    import inspect
+    import statistics
+
+    import torch
+
+    import tritune
+    from tritune.tuner.model import zoo
+    from tritune.tuner.timing import gpu_ms_per_call, in_turns, per_call_ms, step_caller
+
+    for name in models:
+        factory = getattr(zoo, name)
+        hidden = inspect.signature(factory).parameters["hidden"].default
+        model = factory().cuda().half().eval()
+        x = torch.randn(16, 1, hidden, device="cuda", dtype=torch.float16)
+        fns = {}
+        for early in (True, False):
+            torch._dynamo.reset()
+            with torch.no_grad():
+                backend = tritune.compiler(db, mode="reduce-overhead", early_launch=early)
+                fns[f"early={early}"] = step_caller(torch.compile(model, backend=backend), [x], True)
+                for _ in range(3):
+                    fns[f"early={early}"]()
+        with torch.no_grad():
+            times = in_turns(fns, per_call_ms, rounds)
+            kernels = {k: gpu_ms_per_call(fn) for k, fn in fns.items()}
+        on, off = (statistics.median(times[k]) for k in ("early=True", "early=False"))
+        print(f"{name} decode 16, tritune-ro: steps back to back {on * 1e3:.1f} us early vs {off * 1e3:.1f} us not "
+              f"({on / off:.3f}); kernel sums {kernels['early=True'] * 1e3:.1f} vs {kernels['early=False'] * 1e3:.1f} us",
+              flush=True)
+
+
 if __name__ == "__main__":
+    if "--db" in sys.argv:
+        tuned_pdl(sys.argv[sys.argv.index("--db") + 1], sys.argv[sys.argv.index("--models") + 1].split(","))
+        sys.exit(0)
     main()
     if "--model" in sys.argv:
         inductor_pdl()

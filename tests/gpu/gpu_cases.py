@@ -116,7 +116,22 @@ def family_cases(limits: Limits, per_expr: int = PER_EXPR) -> list:
     tma = TILE.replace(BLOCK_N=64, UNROLL=1, TMA=1)
     out += [(Gated(1000, 520, 1576, dtype, act, trans_b=t, bias=t), tma.replace(FUSE=f))
             for (dtype, act, t), f in itertools.product((("fp16", "silu", True), ("bf16", "gelu_tanh", False)), (0, 1))]
-    return out + split_cases() + attention_cases()
+    return out + split_cases() + pdl_cases() + attention_cases()
+
+
+def pdl_cases() -> list:
+    """Programmatic dependent launch (1) and with the weights prefetched (2) in every GEMM family at
+    decode sizes: both weight layouts, split-K, a row norm, pointer and tensor-descriptor loads,
+    edges along N and K (the prefetch's addresses are clamped there)."""
+    out = []
+    loads = itertools.cycle(({}, dict(TMA=1)))
+    for pdl, dtype in itertools.product((1, 2), ("fp16", "bf16", "fp32")):
+        tile = SMALL.replace(UNROLL=1, BLOCK_K=32 if dtype == "fp32" else 128, PDL=pdl)
+        out += [(Matmul(16, 2000, 1576, dtype=dtype, trans_b=True, epilogue=(BiasAdd(),)), tile.replace(**next(loads))),
+                (Matmul(1, 1000, 2048, dtype=dtype), tile.replace(SPLIT_K=4)),
+                (Wide(16, (2048, 512, 520), 2048, dtype=dtype, norm_eps=1e-6), tile.replace(**next(loads))),
+                (Gated(1, 1000, 2000, dtype=dtype, norm_eps=1e-6), tile.replace(SPLIT_K=2, FUSE=int(dtype == "bf16")))]
+    return out
 
 
 def split_cases() -> list:
@@ -176,10 +191,10 @@ def route_cases() -> list[tuple[dict, str | None]]:
     return [(knobs, None) for knobs in [{}] + KNOBS] + [({}, "reduce-overhead"), (KNOBS[0], "reduce-overhead")]
 
 
-def store_defaults(tasks: list, path, config: Config | None = None) -> str:
-    """A database where each task's workload has its family's default config (or `config`) as its
-    one trial, so that every site replays without a tuning run (a check of the replay, not a
-    measurement)."""
+def store_defaults(tasks: list, path, config: Config | None = None, gemm_knobs: dict | None = None) -> str:
+    """A database where each task's workload has its family's default config (or `config`; the GEMM
+    families' with `gemm_knobs` set) as its one trial, so that every site replays without a tuning
+    run (a check of the replay, not a measurement)."""
     from tritune.kernels.device import device_info
     from tritune.kernels.family import device_key
 
@@ -187,6 +202,9 @@ def store_defaults(tasks: list, path, config: Config | None = None) -> str:
         for task in tasks:
             expr = task.expr
             db.add_workload(expr.key, expr.op, expr.dtype, expr.to_json())
-            best = MeasureResult(config or family(expr.op).default_config(expr), Status.OK, *[1.0] * 4)
+            chosen = config or family(expr.op).default_config(expr)
+            if gemm_knobs and expr.op in ("matmul", "bmm", "gated", "wide"):
+                chosen = chosen.replace(**gemm_knobs)
+            best = MeasureResult(chosen, Status.OK, *[1.0] * 4)
             db.save(expr.key, device_key(device_info(), expr.op), [best])
     return str(path)

@@ -128,6 +128,66 @@ def test_frontend(name, dtype, mode, shape, tmp_path):
     assert rel_error(out, ref) <= 2 * eager_err + 1e-3
 
 
+@pytest.mark.parametrize("name", ("llama", "gpt2"))
+def test_frontend_launches_early_under_cuda_graphs(name, tmp_path, monkeypatch):
+    """A zoo model at decode whose GEMM sites launch early with their weights prefetched (PDL=2),
+    in the backend's CUDA-graph mode: the sites go through the ops that launch with the attribute,
+    the replayed graph (kernels overlapping their predecessors) against float64."""
+    pytest.importorskip("transformers")
+    import tritune
+    from tritune.kernels.frontend import tuned_op
+    from tritune.tuner.model import zoo
+    from tritune.tuner.model.load import build
+
+    early = []
+    options = tuned_op._launch_options
+
+    def spy(config):
+        got = options(config)
+        early.append(bool(got))
+        return got
+    monkeypatch.setattr(tuned_op, "_launch_options", spy)
+    model, (x,) = build(partial(getattr(zoo, name), hidden=256, layers=2), [(16, 1, 256)], "fp32", "cuda", "random")
+    with torch.no_grad():
+        ref = model.double()(x.double())
+        model, x = model.half(), x.half()
+        eager_err = rel_error(model(x), ref)
+    db = gpu_cases.store_defaults(tritune.extract_tasks(model, (x,)), tmp_path / "t.db", gemm_knobs=dict(PDL=2))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(model, backend=tritune.compiler(db, mode="reduce-overhead"), fullgraph=True)
+        outs = [compiled(x) for _ in range(4)]  # warm-up, capture, replays
+        torch.cuda.synchronize()
+    assert any(early), "no site launched with the programmatic-dependence attribute"
+    assert all(rel_error(out, ref) <= 2 * eager_err + 1e-3 for out in outs)
+
+
+def test_dependent_early_launches_in_one_graph_wait_for_their_inputs():
+    """Twelve projections, each reading the previous one's output, launched early (PDL=1 and 2)
+    back to back inside one CUDA graph: each must still see its input complete."""
+    from tritune.kernels.contraction.expr import Matmul
+    from tritune.tuner.timing import capture
+
+    fam, d = family("matmul"), 1024
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    ws = [torch.randn(d, d, generator=gen, device="cuda").half() / d ** 0.5 for _ in range(12)]
+    expr = Matmul(16, d, d, trans_b=True)
+    for pdl in (1, 2):
+        config = gpu_cases.SMALL.replace(UNROLL=1, BLOCK_K=128, PDL=pdl)
+        xs = [torch.randn(16, d, generator=gen, device="cuda").half() for _ in range(13)]
+        kernel = fam.kernel(expr, config, fam.problem_of(expr, (xs[0], ws[0].t(), xs[1])))
+        calls = [lambda i=i: kernel(xs[i], ws[i].t(), xs[i + 1]) for i in range(12)]
+        graph = capture(calls, 1)
+        for x in xs[1:]:
+            x.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = xs[0].double()
+        for w in ws:
+            ref = (ref @ w.double().t()).half().double()
+        assert rel_error(xs[-1], ref) <= 2e-2, pdl
+
+
 class Decode(torch.nn.Module):
     """Attention of a decode step as a model calls it: F.scaled_dot_product_attention on q
     [B, H, Lq, D] against a cache [B, H, Lk, D], with an additive mask per sequence (or none)."""

@@ -24,6 +24,9 @@ EXTENSIONS = (
     Knob("PERSISTENT", (0, 1, 2)),  # a program per SM walking the tiles; 2: tile and K loops flattened
     Knob("WARP_SPEC", (0, 1)),  # a producer warp group feeds two consumer groups (Triton's Hopper pass)
 )
+# Programmatic dependent launch (devices that have it): 1 starts the kernel while the previous one
+# drains, 2 also prefetches its weights meanwhile (templates: PDL_WAIT, _prefetch_weights)
+PDL = Knob("PDL", (0, 1, 2))
 WARPS = dict((k.name, k.values) for k in KNOBS)["num_warps"]
 MAX_BLOCK_K = max(dict((k.name, k.values) for k in KNOBS)["BLOCK_K"])
 # Splitting K pays only while the grid is short of this many waves; the next-smaller split must
@@ -117,9 +120,9 @@ def contraction_space(m: int, n: int, k: int, element_bytes: int, limits: Limits
     are read through a row norm, whose statistics need the whole K loop in one program.
     """
     p = _Problem(m, n, k, element_bytes, batch, limits, b_tiles=b_tiles, norm=norm)
-    return Space(KNOBS + EXTENSIONS, (p.tile_fits, p.not_too_small, p.registers, p.k_step_too_small,
-                                      p.not_redundant, p.split_k, p.tma(tma), p.shared, p.persistent,
-                                      p.warp_spec, p.norm_prologue))
+    return Space(KNOBS + EXTENSIONS + ((PDL,) if limits.pdl else ()),
+                 (p.tile_fits, p.not_too_small, p.registers, p.k_step_too_small, p.not_redundant, p.split_k,
+                  p.tma(tma), p.shared, p.persistent, p.warp_spec, p.norm_prologue, p.one_wave))
 
 
 def _acc_overflow(c: Config, warps: int, accumulators: int) -> str | None:
@@ -226,6 +229,14 @@ class _Problem:
             return "the persistent loop serves single, unsplit contractions"
         if self.tiles(c) <= self.limits.sms:
             return "one wave of tiles: a persistent loop changes nothing"
+        return None
+
+    @reads("BLOCK_M", "BLOCK_N", "SPLIT_K", "PERSISTENT", "PDL")
+    def one_wave(self, c: Config) -> str | None:
+        # an early launch pays only where the previous kernel's drain leaves SMs idle, and a kernel
+        # of more waves than that would park its waiting programs on SMs the previous one still needs
+        if c.get("PDL", 0) and (c.get("PERSISTENT", 0) or self.batch * self.tiles(c) * c.get("SPLIT_K", 1) > self.limits.sms):
+            return "programmatic dependent launch serves kernels of one wave of programs"
         return None
 
     def norm_prologue(self, c: Config) -> str | None:

@@ -23,7 +23,7 @@ def gated_space(m: int, n: int, k: int, element_bytes: int, limits: Limits, tma:
     whether the operands' layout allows tensor-descriptor loads; `rows_aligned`: whether the
     weights' rows (as stored) start 16 bytes apart."""
     base = contraction_space(m, n, k, element_bytes, limits, tma=int(tma), b_tiles=2)
-    base = base.without([knob.name for knob in base.knobs if knob.name not in (*TILING, "SPLIT_K")])
+    base = base.without([knob.name for knob in base.knobs if knob.name not in (*TILING, "SPLIT_K", "PDL")])
 
     @reads(*TILING, "FUSE", "TMA")
     def fused(c: Config) -> str | None:

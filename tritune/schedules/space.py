@@ -35,6 +35,7 @@ class Limits:
 
     shared_bytes: int
     sms: int
+    pdl: bool = False  # programmatic dependent launch (Hopper and later, not the interpreter)
     # (shared memory per block, opt-in maximum; SM count of the largest part) by compute
     # capability, for building without a GPU
     KNOWN = {(9, 0): (232448, 132), (8, 0): (166912, 108), (8, 6): (101376, 84), (8, 9): (101376, 128)}

@@ -12,6 +12,7 @@ from tritune.kernels.family import Family, device_key, family
 from tritune.records.result import DeviceKey, MeasureResult
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits, Space
+from tritune.settings import SETTINGS
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,10 @@ def device_limits(info: dict) -> Limits:
     """What the GPU the runner reported allows a program (the known table fills what it did not say)."""
     major, minor = (int(x) for x in info["capability"].split("."))
     known = Limits.for_capability(major, minor)
-    return Limits(info["shared_bytes"] or known.shared_bytes, info["sms"] or known.sms)
+    # programmatic dependent launch where asked for (TRITUNE_PDL) and the GPU has it (the
+    # interpreter reports capability 0.0)
+    return Limits(info["shared_bytes"] or known.shared_bytes, info["sms"] or known.sms,
+                  pdl=SETTINGS.pdl and major >= 9)
 
 
 def device_target(info: dict) -> Any:

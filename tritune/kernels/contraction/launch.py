@@ -105,8 +105,24 @@ def constexprs(expr: Matmul, config: Config) -> dict[str, Any]:
         "EVEN_K": expr.k % config["BLOCK_K"] == 0,
         "DOT_PRECISION": "ieee" if expr.dtype == "fp32" and not expr.tf32 else "tf32",
         "SPLIT_K": config.get("SPLIT_K", 1), "TMA": config.get("TMA", 0), "PERSISTENT": config.get("PERSISTENT", 0),
-        "WARP_SPEC": config.get("WARP_SPEC", 0),
+        "WARP_SPEC": config.get("WARP_SPEC", 0), **pdl_constexprs(config),
     }
+
+
+def pdl_constexprs(config: Config) -> dict[str, int]:
+    """PDL (programmatic dependent launch: 0 off, 1 on, 2 with the weights prefetched) and PDL_K,
+    how far along K the prefetch reaches: the pipeline's first steps, as a power of two (0 unless
+    PDL=2, so that PDL=0 and 1 share their other constexprs)."""
+    pdl = config.get("PDL", 0)
+    reach = config["num_stages"] * config["BLOCK_K"]
+    return {"PDL": pdl, "PDL_K": max(128, 1 << (reach - 1).bit_length()) if pdl == 2 else 0}
+
+
+def launch_options(config: Config) -> tuple[tuple[str, Any], ...]:
+    """Triton's compile options of a config's binary: warps, stages, and the programmatic-dependence
+    launch attribute where the config asks for it."""
+    pdl = (("launch_pdl", True),) if config.get("PDL", 0) else ()
+    return (("num_warps", config["num_warps"]), ("num_stages", config["num_stages"]), *pdl)
 
 
 def binary(expr: Matmul, config: Config, problem: Problem) -> Binary:
@@ -122,8 +138,7 @@ def binary(expr: Matmul, config: Config, problem: Problem) -> Binary:
         pointers += (("G", expr.dtype, problem.aligned[-1]),)
     names = INT_NAMES + template.input_int_names(expr)
     ints = tuple((name, v, divisibility(v)) for name, v in zip(names, problem.ints))
-    options = (("num_warps", config["num_warps"]), ("num_stages", config["num_stages"]))
-    return Binary(fn, pointers, ints, tuple(constexprs(expr, config).items()), options)
+    return Binary(fn, pointers, ints, tuple(constexprs(expr, config).items()), launch_options(config))
 
 
 def tiles(expr: Matmul, config: Config) -> int:

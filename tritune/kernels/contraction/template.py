@@ -30,6 +30,33 @@ def _tile_of(tile, grid_m, grid_n, GROUP_M: tl.constexpr):
     first_m = (tile // width) * GROUP_M
     group_m = min(grid_m - first_m, GROUP_M)
     return first_m + (tile % width) % group_m, (tile % width) // group_m
+
+
+@triton.jit
+def _prefetch_weights(W, pid_n, k_lo, N, K, stride_wk, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      PDL_K: tl.constexpr, STORED_NK: tl.constexpr):
+    # Asks the L2 for the first PDL_K steps along K of this program's weight slice (W as the [K, N]
+    # operand), one 128-byte line per address. A weight never depends on the previous kernel, so a
+    # program launched early (programmatic dependent launch) fetches it while that kernel drains.
+    line: tl.constexpr = 1024 // W.dtype.element_ty.primitive_bitwidth
+    if STORED_NK:  # the slice's rows, PDL_K elements of each
+        rows = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+        ks = tl.minimum(k_lo * BLOCK_K + tl.arange(0, PDL_K // line) * line, K - 1)
+        ptrs = W + rows[:, None] * stride_wn + ks[None, :] * stride_wk
+    else:  # stored [K, N]: PDL_K rows, the slice's BLOCK_N elements of each
+        ks = tl.minimum(k_lo * BLOCK_K + tl.arange(0, PDL_K), K - 1)
+        cols = tl.minimum(pid_n * BLOCK_N + tl.arange(0, (BLOCK_N + line - 1) // line) * line, N - 1)
+        ptrs = W + ks[:, None] * stride_wk + cols[None, :] * stride_wn
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)
+'''
+
+# Programmatic dependent launch (PDL >= 1; the binary carries the launch attribute): the kernel may
+# start while the previous one in the stream drains. Every program waits for that kernel's writes
+# (gdc_wait) before it reads or writes anything but weights, and lets the next kernel start
+# (gdc_launch_dependents). PDL=2 prefetches the weights first (`_prefetch_weights`).
+PDL_WAIT = '''    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 '''
 
 _TEMPLATE = PRELUDE + '''
@@ -114,6 +141,7 @@ def {name}(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SPLIT_K: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr, WARP_SPEC: tl.constexpr,
+    PDL: tl.constexpr, PDL_K: tl.constexpr,
 ):
     # {description}
     grid_m = tl.cdiv(M, BLOCK_M)
@@ -121,7 +149,11 @@ def {name}(
     tiles = grid_m * grid_n
     k_iters = tl.cdiv(K, BLOCK_K)
     batch = tl.program_id(1).to(tl.int64)
-    a_desc, b_desc = A, B  # stand-ins, never read without TMA
+    if PDL == 2:
+        first_m, first_n = _tile_of(tl.program_id(0), grid_m, grid_n, GROUP_M)
+        _prefetch_weights(B + batch * stride_bb, first_n, tl.program_id(2) * tl.cdiv(k_iters, SPLIT_K), N, K,
+                          stride_bk, stride_bn, BLOCK_N, BLOCK_K, PDL_K, {trans_b})
+{pdl_wait}    a_desc, b_desc = A, B  # stand-ins, never read without TMA
     if TMA:
         # tensor-descriptor loads: the TMA unit fetches whole tiles (zero-filled past the edges),
         # which needs 16-byte aligned rows but no alignment of the shape itself
@@ -221,6 +253,7 @@ def source(expr: Matmul, specialize: bool = False) -> str:
         epilogue=epilogue_source(expr.epilogue, "    ", lambda i, inp: _INPUT_LOADS[inp.shape].format(i=i)),
         tma_descriptors=descs.rstrip("\n"),
         tma_loads=loads.rstrip("\n"),
+        pdl_wait=PDL_WAIT, trans_b=expr.trans_b,
         **norm_fields(expr.norm_eps),
     )
 

@@ -41,14 +41,16 @@ Matched = graph.Matched  # a site a compiled graph may run a tuned kernel for (t
 
 
 def compiler(db: Any = None, *, fallback: str | Callable = "inductor", mode: str | None = None,
-             graph_verdicts: bool = True) -> "Backend":
+             graph_verdicts: bool = True, early_launch: bool = True) -> "Backend":
     """A torch.compile backend running tuned kernels from `db` (a path or a database; default: the
     active `apply_history_best` context, else the default database), the rest by `fallback`
     ('inductor', another torch.compile backend's name such as 'aot_eager' or 'eager', or a backend
     callable); `mode` is Inductor's (torch.compile's `mode`: 'reduce-overhead', 'max-autotune', ...).
     A graph that `tune-cli tune-model` measured slower with the tuned kernels than without them in
-    this mode goes to the fallback whole (`graph_verdicts=False`: the sites alone decide)."""
-    return Backend(db, fallback, mode, graph_verdicts)
+    this mode goes to the fallback whole (`graph_verdicts=False`: the sites alone decide). In the
+    CUDA-graph mode, sites tuned to launch early (PDL) do so (`early_launch=False`: they launch
+    their kernels built without it, as in the default mode)."""
+    return Backend(db, fallback, mode, graph_verdicts, early_launch)
 
 
 def registered(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
@@ -102,7 +104,7 @@ class Backend:
     tuned sites (what a graph verdict is stored under)."""
 
     def __init__(self, db: Any = None, fallback: str | Callable = "inductor", mode: str | None = None,
-                 graph_verdicts: bool = True) -> None:
+                 graph_verdicts: bool = True, early_launch: bool = True) -> None:
         try:
             self.fallback = _fallback(fallback, mode)
         except (KeyError, RuntimeError) as exc:  # an unknown Inductor mode
@@ -118,6 +120,7 @@ class Backend:
         # CUDA-graph mode: graphs with tuned sites replay Inductor's default lowering from one plain
         # CUDA graph each (`graphs`), not through the trees Inductor's reduce-overhead builds
         self.plain = inductor() if fallback == "inductor" and mode == "reduce-overhead" else None
+        self.early_launch = early_launch
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
         why = _unsupported(example_inputs)
@@ -141,9 +144,10 @@ class Backend:
         self.graphs.append(signature)
         if self._slower_whole(signature, info, len(self.sites) - before):
             return self.fallback(gm, example_inputs)
-        rewrite(aten, hits)
+        captured = self.plain is not None and capturable(aten, example_inputs)
+        rewrite(aten, hits, captured and self.early_launch)
         _keep_input_facts(gm, aten)
-        if self.plain is not None and capturable(aten, example_inputs):
+        if captured:
             return GraphStep(self.plain(aten, example_inputs), example_inputs)
         return self.fallback(aten, example_inputs)
 
@@ -213,16 +217,17 @@ def _resolve(history: Any, site: Matched, info: dict) -> list[tuple[Matched, str
     return found
 
 
-def rewrite(gm: fx.GraphModule, hits: list[tuple[Matched, str]]) -> None:
+def rewrite(gm: fx.GraphModule, hits: list[tuple[Matched, str]], captured: bool = False) -> None:
     """Replace each matched site (a contraction and its fused epilogue, a gated pair, or a wide
     group) by one call of its tuned op (its spec), as its kind rewrites it; and outer products by
-    broadcast multiplies (`outer`)."""
+    broadcast multiplies (`outer`). `captured`: the graph is replayed from one CUDA graph, where
+    sites that launch early (PDL) call their op's opaque twin (`tuned_op.SiteKind.op_for`)."""
     from tritune.kernels.frontend import tuned_op  # its import needs a torch that defines triton ops
 
     edit = GraphEdit(gm.graph)
     for m, spec in hits:
         kind = tuned_op.kind_of(m)
-        kind.rewrite(edit, m, spec, kind.op)
+        kind.rewrite(edit, m, spec, kind.op_for(spec, captured))
     outer_products(gm)
     gm.graph.eliminate_dead_code()
     gm.graph.lint()

@@ -26,11 +26,21 @@ Inductor launches its own templates (each int argument is host time on every cal
 
 Operands whose layout or dtypes are not the ones tuned run the expression as torch ops instead:
 correct, and visible to Inductor like any other op.
+
+A config with programmatic dependent launch (PDL) needs the launch attribute, which Inductor's
+launch of a traced kernel does not set: traced, the site launches its kernel built without PDL
+(whose weight prefetch, an inline-asm instruction on the weight's pointer, would also make
+Inductor copy the weight on every call, taking it for an output). In graphs replayed from one
+CUDA graph (the backend's CUDA-graph mode) such sites call the op's `<op>_graphed` twin instead:
+an opaque op that launches the tuned kernel itself, with the attribute. Its host cost is paid
+once, when the graph is captured.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, ClassVar, Optional
@@ -59,6 +69,8 @@ from tritune.schedules.config import Config
 
 log = logging.getLogger("tritune.compiler")
 _misfits: set[Any] = set()
+# set while a `_graphed` op runs: its sites launch with the programmatic-dependence attribute
+_launch_pdl: ContextVar[bool] = ContextVar("tritune_launch_pdl", default=False)
 
 
 def spec_of(expr: Matmul | Gated | Wide | Attention, config: Config) -> str:
@@ -85,6 +97,14 @@ def aligned(*tensors: Any) -> bool:
 
 def _consts(module: Any, expr: Any, config: Config) -> dict[str, Any]:
     return {**module.constexprs(expr, config), "num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+
+
+def _launch_options(config: Config) -> dict[str, Any]:
+    """What a PDL config's launch changes: the launch attribute where the launch is this package's
+    own (`_graphed`), else (Inductor's launch, without it) the kernel built without PDL."""
+    if not config.get("PDL", 0):
+        return {}
+    return {"launch_pdl": True} if _launch_pdl.get() else {"PDL": 0, "PDL_K": 0}
 
 
 class Site:
@@ -134,7 +154,7 @@ class Site:
             use_torch_scratch()
         ints = dict(zip(self.int_names, launch.ints_of(expr, a, b, out, bias, *inputs)))
         wrap_triton(self.fn)[self.grid](a, b, out, bias if expr.has_bias else None, ws, locks, *inputs, **ints,
-                                        **self.consts)
+                                        **{**self.consts, **_launch_options(self.config)})
         return out
 
 
@@ -167,7 +187,7 @@ class _OneKernel:
         """Launch the site's kernel (Inductor traces this into a launch of its own)."""
         if self.config.get("TMA", 0):
             use_torch_scratch()
-        wrap_triton(self.fn)[self.grid](*args, **ints, **self.consts)
+        wrap_triton(self.fn)[self.grid](*args, **ints, **{**self.consts, **_launch_options(self.config)})
 
 
 class GatedSite(_OneKernel):
@@ -343,6 +363,16 @@ class SiteKind:
         """The registered op, as a graph node calls it."""
         return getattr(torch.ops.tritune, self.expr.op).default
 
+    @property
+    def graphed_op(self) -> Any:
+        """Its opaque twin, which launches PDL configs with their launch attribute (`_graphed`)."""
+        return getattr(torch.ops.tritune, f"{self.expr.op}_graphed").default
+
+    def op_for(self, spec: str, captured: bool) -> Any:
+        """The op a graph calls for a site: the twin where the graph is replayed from one CUDA graph
+        (`captured`) and the site's config launches early (PDL), else the traced op."""
+        return self.graphed_op if captured and json.loads(spec)["config"].get("PDL", 0) else self.op
+
 
 def _projections(m: Any) -> tuple:
     """A gated pair's or wide group's own contraction matches."""
@@ -376,15 +406,33 @@ def kind_of(m: Any) -> SiteKind:
     return _BY_MATCH[type(m)]
 
 
+def _graphed(body: Callable) -> Callable:
+    """An op body whose sites launch PDL configs with the programmatic-dependence attribute."""
+    @functools.wraps(body)  # the same signature: torch.library reads the op's schema from it
+    def launch(*args: Any, **kwargs: Any) -> Any:
+        token = _launch_pdl.set(True)
+        try:
+            return body(*args, **kwargs)
+        finally:
+            _launch_pdl.reset(token)
+    return launch
+
+
+def _opaque(name: str, body: Callable, fake: Callable) -> None:
+    torch.library.custom_op(name, body, mutates_args=())
+    torch.library.register_fake(name, fake)
+
+
 def _register(kind: SiteKind) -> None:
-    """Define a kind's op: a triton_op, or on the interpreter an opaque custom op."""
+    """Define a kind's op (a triton_op, or on the interpreter an opaque custom op) and its opaque
+    `_graphed` twin."""
     if interpreted():
         # The interpreter's kernels cannot be traced into Inductor's code (they are not JIT functions):
         # on a CPU the ops stay opaque and run them eagerly, so the rest of the route is testable there.
-        torch.library.custom_op(kind.name, kind.body, mutates_args=())
-        torch.library.register_fake(kind.name, kind.fake)
+        _opaque(kind.name, kind.body, kind.fake)
     else:
         triton_op(kind.name, kind.body, mutates_args=())
+    _opaque(f"{kind.name}_graphed", _graphed(kind.body), kind.fake)
 
 
 for _kind in KINDS:

@@ -20,8 +20,8 @@ class GatedFamily(Family):
 
     op = "gated"
     baseline = "torch (two cuBLAS GEMMs + pointwise)"
-    sources = ("gated/expr.py", "gated/template.py", "gated/launch.py", "contraction/template.py", "weights.py",
-               "norm.py")
+    sources = ("gated/expr.py", "gated/template.py", "gated/launch.py", "contraction/template.py",
+               "contraction/launch.py", "weights.py", "norm.py")
     launch_module = "tritune.kernels.gated.launch"
 
     def from_dict(self, spec: dict) -> Gated:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from tritune.kernels.codegen import Binary, Launcher, divisibility
+from tritune.kernels.contraction.launch import launch_options, pdl_constexprs
 from tritune.kernels.expr import DTYPE_BYTES
 from tritune.kernels.gated import template
 from tritune.kernels.gated.expr import Gated
@@ -71,7 +72,7 @@ def constexprs(expr: Gated, config: Config) -> dict[str, Any]:
         **{knob: config[knob] for knob in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "UNROLL", "FUSE")},
         "TMA": config.get("TMA", 0), "SPLIT_K": config.get("SPLIT_K", 1),
         "EVEN_K": expr.k % config["BLOCK_K"] == 0,
-        "DOT_PRECISION": "ieee" if expr.dtype == "fp32" and not expr.tf32 else "tf32",
+        "DOT_PRECISION": "ieee" if expr.dtype == "fp32" and not expr.tf32 else "tf32", **pdl_constexprs(config),
     }
 
 
@@ -80,8 +81,7 @@ def binary(expr: Gated, config: Config, problem: Problem) -> Binary:
     pointers = tuple((name, expr.dtype, aligned) for name, aligned in zip(POINTERS, problem.aligned))
     pointers += (("WS", "fp32", True), ("LOCKS", "i32", True))
     ints = tuple((name, v, divisibility(v)) for name, v in zip(INTS, problem.ints))
-    options = (("num_warps", config["num_warps"]), ("num_stages", config["num_stages"]))
-    return Binary(template.load(expr), pointers, ints, tuple(constexprs(expr, config).items()), options)
+    return Binary(template.load(expr), pointers, ints, tuple(constexprs(expr, config).items()), launch_options(config))
 
 
 def tiles(expr: Gated, config: Config) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 
 from tritune.kernels import norm
 from tritune.kernels.codegen import Emitter, load_source
-from tritune.kernels.contraction.template import PRELUDE
+from tritune.kernels.contraction.template import PDL_WAIT, PRELUDE
 from tritune.kernels.weights import weight_descriptor
 from tritune.kernels.gated.expr import Gated
 
@@ -56,7 +56,7 @@ def {name}(
 {int_params}
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSE: tl.constexpr,
-    TMA: tl.constexpr, SPLIT_K: tl.constexpr,
+    TMA: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr, PDL_K: tl.constexpr,
 ):
     # {description}
     pid_m, pid_n = _tile_of(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
@@ -69,7 +69,10 @@ def {name}(
     per_split = tl.cdiv(k_iters, SPLIT_K)
     k_lo = split * per_split
     k_first = k_lo * BLOCK_K + offs_k
-    # rows/columns past the edge wrap onto valid ones, so the K loop needs no M/N masks; the
+    if PDL == 2:
+        _prefetch_weights(W1, pid_n, k_lo, N, K, stride_wk, stride_wn, BLOCK_N, BLOCK_K, PDL_K, {trans_b})
+        _prefetch_weights(W2, pid_n, k_lo, N, K, stride_wk, stride_wn, BLOCK_N, BLOCK_K, PDL_K, {trans_b})
+{pdl_wait}    # rows/columns past the edge wrap onto valid ones, so the K loop needs no M/N masks; the
     # store is masked, so the duplicates are never written
     x_ptrs = X + (offs_m % M)[:, None] * stride_xm + k_first[None, :] * stride_xk
     w_offs = k_first[:, None] * stride_wk + (offs_n % N)[None, :] * stride_wn
@@ -135,7 +138,7 @@ def source(expr: Gated, specialize: bool = False) -> str:
     w_descs = "\n".join("        " + weight_descriptor(expr.trans_b, f"W{i}", f"w{i}_desc") for i in (1, 2))
     w_loads = "\n".join(_W_LOAD[expr.trans_b].format(i=i) for i in (1, 2))
     return _TEMPLATE.format(name=KERNEL_NAME, description=expr.describe(), bias=_BIAS if expr.bias else "",
-                            w_descs=w_descs, w_loads=w_loads,
+                            w_descs=w_descs, w_loads=w_loads, pdl_wait=PDL_WAIT, trans_b=expr.trans_b,
                             int_params="    " + " ".join(f"{n}{kind}," for n in INT_NAMES),
                             activation="".join(f"        {line}\n" for line in emit.lines),
                             norm_pointer="" if expr.norm_eps is None else " G,",

@@ -20,7 +20,8 @@ class WideFamily(Family):
 
     op = "wide"
     baseline = "torch (one cuBLAS GEMM per weight)"
-    sources = ("wide/expr.py", "wide/template.py", "wide/launch.py", "contraction/template.py", "weights.py", "norm.py")
+    sources = ("wide/expr.py", "wide/template.py", "wide/launch.py", "contraction/template.py", "contraction/launch.py",
+               "weights.py", "norm.py")
     launch_module = "tritune.kernels.wide.launch"
 
     def from_dict(self, spec: dict) -> Wide:

@@ -20,7 +20,8 @@ from tritune.schedules.config import Config
 # Replay's last resort: valid for any wide GEMM.
 DEFAULT = Config.of(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3, UNROLL=1)
 # the contraction template's constexprs this template takes too
-SHARED_CONSTS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "UNROLL", "EVEN_K", "DOT_PRECISION", "TMA", "SPLIT_K")
+SHARED_CONSTS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "UNROLL", "EVEN_K", "DOT_PRECISION", "TMA", "SPLIT_K", "PDL",
+                 "PDL_K")
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,8 @@ def binary(expr: Wide, config: Config, problem: Problem) -> Binary:
     pointers = tuple((name, expr.dtype, aligned) for name, aligned in zip(names, problem.aligned))
     pointers += (("WS", "fp32", True), ("LOCKS", "i32", True))
     ints = tuple((name, v, divisibility(v)) for name, v in zip(template.int_names(expr), problem.ints))
-    options = (("num_warps", config["num_warps"]), ("num_stages", config["num_stages"]))
-    return Binary(template.load(expr), pointers, ints, tuple(constexprs(expr, config).items()), options)
+    return Binary(template.load(expr), pointers, ints, tuple(constexprs(expr, config).items()),
+                  contraction.launch_options(config))
 
 
 def tiles(expr: Wide, config: Config) -> int:

@@ -49,24 +49,26 @@ def {name}(
 {int_params}
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
-    SPLIT_K: tl.constexpr, {ends},
+    SPLIT_K: tl.constexpr, PDL: tl.constexpr, PDL_K: tl.constexpr, {ends},
 ):
     # {description}
     pid_m, pid_n = _tile_of(tl.program_id(0), tl.cdiv(M, BLOCK_M), END{last}, GROUP_M)
     # the chain picks the segment's operands only: one main loop after it, not one per branch
     # (Triton gives every inlined loop its own pipeline buffers: three loops, three times the
     # shared memory)
-{branches}    if TMA:
+{branches}    # split-K: K slice `split` of the tile; the slice arriving last finishes it (_split_fixup)
+    split = tl.program_id(2)
+    k_iters = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_iters, SPLIT_K)
+    k_lo = split * per_split
+    if PDL == 2:
+        _prefetch_weights(W, pid_n, k_lo, N, K, stride_wk, stride_wn, BLOCK_N, BLOCK_K, PDL_K, {trans_b})
+{pdl_wait}    if TMA:
         # tensor descriptors over x and the segment's weight: whole tiles, zero-filled past the edges
         x_desc = tl.make_tensor_descriptor(X, shape=[M, K], strides=[stride_xm, 1], block_shape=[BLOCK_M, BLOCK_K])
         {w_desc}
     else:
         x_desc, w_desc = X, W  # stand-ins, never read without TMA
-    # split-K: K slice `split` of the tile; the slice arriving last finishes it (_split_fixup)
-    split = tl.program_id(2)
-    k_iters = tl.cdiv(K, BLOCK_K)
-    per_split = tl.cdiv(k_iters, SPLIT_K)
-    k_lo = split * per_split
     acc{norm_returned} = _mainloop(X, W, x_desc, w_desc, 0, pid_m, pid_n, k_lo, tl.minimum(k_lo + per_split, k_iters), M,
                     N, K, 0, stride_xm, stride_xk, 0, stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K,
                     DOT_PRECISION, TMA, 0{norm_arg})
@@ -122,7 +124,8 @@ def source(expr: Wide, specialize: bool = False) -> str:
         branches=_branches(count), w_desc=weight_descriptor(expr.trans_b, "W", "w_desc"),
         norm_returned=norm.returned(expr.norm_eps), norm_arg=norm.param(expr.norm_eps),
         norm_scale=norm.scale(expr.norm_eps, ("acc",), " " * 8),
-        norm_scale_split=norm.scale(expr.norm_eps, ("acc",), " " * 12), **_fixup(expr.norm_eps))
+        norm_scale_split=norm.scale(expr.norm_eps, ("acc",), " " * 12), pdl_wait=contraction.PDL_WAIT, trans_b=expr.trans_b,
+        **_fixup(expr.norm_eps))
 
 
 def _fixup(norm_eps: float | None) -> dict[str, str]:
