@@ -7,13 +7,13 @@ import pytest
 from tritune.kernels.family import family, ops
 
 PINNED = {
-    "matmul": "f29c4202f31771ca",
-    "bmm": "f29c4202f31771ca",
+    "matmul": "05478a7e7b8f392c",
+    "bmm": "05478a7e7b8f392c",
     "conv2d": "0963f5b4f9f1b7b3",
     "softmax": "2fe8777c40f74a89",
     "layernorm": "2fe8777c40f74a89",
-    "gated": "13e260c935284f3a",
-    "wide": "60abe6c9c90bddd0",
+    "gated": "78254c80cb96ebef",
+    "wide": "0d9d1af97e6ac41c",
     "attention": "e2a0d7f596f7e120",
 }
 

@@ -4,8 +4,10 @@ Mistral write it, y = g * (x * rsqrt(mean(x², last dim) + eps)), fused into the
 The kernel never writes y. Because rsqrt(...) is one scalar per row, (x * r * g) @ W equals
 r * ((x * g) @ W): the main loop multiplies each input tile by g and sums the squares of the raw
 tile beside the product, and the row's scale multiplies the accumulator once, before the bias and
-the epilogue. So the prologue needs the whole of K in one program: no split-K, and no warp
-specialisation (its producer warps never see the input tile).
+the epilogue. So the row's statistics need the whole of K: a plain contraction with the prologue
+is not split along K (the wide and gated kernels are: their split-K fixup adds up the slices'
+sums of squares before it scales), and never warp-specialised (its producer warps never see the
+input tile).
 """
 from __future__ import annotations
 
