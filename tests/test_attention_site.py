@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import real_jit
 import tritune
 from test_codegen_sm90 import build_sm90
 
@@ -205,23 +206,7 @@ def test_the_replayed_kernel_builds_for_sm90():
 
 
 ROUTE = """
-import torch
-import triton
-from triton.backends.compiler import GPUTarget
-from torch._subclasses.fake_tensor import FakeTensorMode
-
-
-class H100:  # the driver Inductor asks for a target when it reads which tensors a kernel writes
-    def get_current_target(self):
-        return GPUTarget("cuda", 90, 32)
-
-
-triton.runtime.driver.set_active(H100())
-from torch._subclasses.functional_tensor import dispatch_functionalize
-from torch.fx.experimental.proxy_tensor import make_fx
 from tritune.kernels.attention.expr import Attention
-from tritune.kernels.frontend import tuned_op
-from tritune.schedules.config import Config
 
 config = Config.of(BLOCK_N=64, DOT=1, num_warps=4, num_stages=3)
 with FakeTensorMode():  # CUDA tensors that need no GPU
@@ -240,15 +225,7 @@ for m, expr, split in ((mask, Attention(16, 4, 4, 1024, 128, mask="fp16", mask_d
 def test_a_compiled_graph_launches_the_attention_kernel_itself(tmp_path):
     """What AOT autograd hands Inductor holds the kernel's launch, writing only its output, the
     sizes and strides as constants, None for an absent mask. Real JIT functions, fake CUDA tensors."""
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITUNE_CACHE_DIR"] = str(tmp_path)
-    proc = subprocess.run([sys.executable, "-c", ROUTE], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    masked, plain, split = proc.stdout.split("def forward")[1:]
+    masked, plain, split = real_jit.run(ROUTE, tmp_path).split("def forward")[1:]
     for code in (masked, plain):
         assert code.count("triton_kernel_wrapper_functional(") == 1 and "tensors_to_clone = ['Out']" in code
         assert "'LK': 1024" in code and "'DOT': 1" in code and "scaled_dot_product" not in code

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+import real_jit
 import tritune
 from models import Awkward, awkward_inputs
 from tritune.kernels.frontend import ops, tuned_op
@@ -181,24 +182,8 @@ def test_the_backend_is_registered_by_name_and_replays_the_active_database(tmp_p
 
 
 ROUTE = """
-import torch
-import triton
-from triton.backends.compiler import GPUTarget
-from torch._subclasses.fake_tensor import FakeTensorMode
-
-
-class H100:  # the driver Inductor asks for a target when it reads which tensors a kernel writes
-    def get_current_target(self):
-        return GPUTarget("cuda", 90, 32)
-
-
-triton.runtime.driver.set_active(H100())
-from torch._subclasses.functional_tensor import dispatch_functionalize
-from torch.fx.experimental.proxy_tensor import make_fx
 from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.epilogue import BiasAdd, Gelu
-from tritune.kernels.frontend import tuned_op
-from tritune.schedules.config import Config
 
 config = Config.of(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3, UNROLL=1, SPLIT_K=2)
 spec = tuned_op.spec_of(Matmul(96, 80, 64, dtype="fp16", trans_b=True, epilogue=(BiasAdd(), Gelu("tanh"))), config)
@@ -255,15 +240,7 @@ def test_compiled_graphs_launch_the_tuned_kernel_itself(tmp_path):
     a layout that was not tuned, torch ops; in a rewritten model, the gated kernel and the extra
     epilogue inputs; q/k/v projections as one wide launch. Real JIT functions (no interpreter), fake
     CUDA tensors."""
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITUNE_CACHE_DIR"] = str(tmp_path)
-    proc = subprocess.run([sys.executable, "-c", ROUTE], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    tuned, untuned, unsplit, model, qkv = proc.stdout.split("def forward")[1:]
+    tuned, untuned, unsplit, model, qkv = real_jit.run(ROUTE, tmp_path).split("def forward")[1:]
     assert "triton_kernel_wrapper_functional" in tuned and "'SPLIT_K': 2" in tuned and "'BLOCK_M': 64" in tuned
     assert "'stride_bk': 1, 'stride_bn': 64" in tuned and "new_zeros" in tuned  # B transposed; split-K counters
     assert "triton_kernel_wrapper" not in untuned and "aten.mm" in untuned

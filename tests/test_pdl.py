@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+import real_jit
 from test_codegen_sm90 import build_sm90
 from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.contraction.launch import launch_options, pdl_constexprs
@@ -138,25 +139,9 @@ def test_only_the_twin_launches_with_the_attribute(monkeypatch):
 
 
 TRACED = """
-import torch
-import triton
-from triton.backends.compiler import GPUTarget
-from torch._subclasses.fake_tensor import FakeTensorMode
-
-
-class H100:  # the driver Inductor asks for a target when it reads which tensors a kernel writes
-    def get_current_target(self):
-        return GPUTarget("cuda", 90, 32)
-
-
-triton.runtime.driver.set_active(H100())
-from torch._subclasses.functional_tensor import dispatch_functionalize
-from torch.fx.experimental.proxy_tensor import make_fx
-from tritune.kernels.frontend import tuned_op
 from tritune.kernels.gated.expr import Gated
 from tritune.kernels.wide.expr import Wide
 from tritune.kernels.contraction.expr import Matmul
-from tritune.schedules.config import Config
 
 tile = Config.of(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=1, num_warps=4, num_stages=3, UNROLL=1, PDL=2)
 with FakeTensorMode():
@@ -177,14 +162,6 @@ def test_traced_sites_never_make_inductor_copy_their_weights(tmp_path):
     """Inductor reads from a kernel's TTIR which tensors it writes, and copies each of them on every
     call: a traced PDL=2 site (whose kernel would prefetch through an inline-asm instruction on the
     weight) writes only its outputs. Real JIT functions, fake CUDA tensors."""
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITUNE_CACHE_DIR"] = str(tmp_path)
-    proc = subprocess.run([sys.executable, "-c", TRACED], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    matmul, gated, wide = proc.stdout.split("def forward")[1:]
+    matmul, gated, wide = real_jit.run(TRACED, tmp_path).split("def forward")[1:]
     assert "tensors_to_clone = ['C']" in matmul and "tensors_to_clone = ['C']" in gated
     assert "tensors_to_clone = ['C0', 'C1']" in wide and "'PDL': 0" in matmul
