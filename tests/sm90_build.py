@@ -19,7 +19,7 @@ def replay(expr, config):
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from tritune.kernels.frontend import tuned_op
+    from tritune.kernels.frontend import sites, tuned_op
 
     launched = []
 
@@ -30,7 +30,7 @@ def replay(expr, config):
         def __getitem__(self, grid):
             return lambda *args, **kwargs: launched.append((self.fn, args, kwargs))
 
-    tuned_op.wrap_triton = Capture
+    sites.wrap_triton = Capture
     dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "bool": torch.bool}
     dtype = dtypes[expr.dtype]
     with FakeTensorMode():

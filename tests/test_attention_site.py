@@ -16,7 +16,7 @@ from test_codegen_sm90 import build_sm90
 from tritune.kernels.attention.expr import Attention
 from tritune.kernels.device import device_info
 from tritune.kernels.family import device_key
-from tritune.kernels.frontend import graph, tuned_op
+from tritune.kernels.frontend import graph, sites, tuned_op
 from tritune.kernels.frontend.attention_match import AttentionMatch
 from tritune.kernels.frontend.compiler import rewrite
 from tritune.records.database import Database
@@ -184,8 +184,8 @@ def test_the_backend_replays_attention_over_many_keys(tmp_path, attention_calls,
 
 def test_a_call_the_kernel_was_not_tuned_for_runs_torch_in_the_traced_layout(monkeypatch):
     launched = []
-    original = tuned_op.wrap_triton
-    monkeypatch.setattr(tuned_op, "wrap_triton", lambda fn: launched.append(1) or original(fn))
+    original = sites.wrap_triton
+    monkeypatch.setattr(sites, "wrap_triton", lambda fn: launched.append(1) or original(fn))
     expr = Attention(2, 3, 3, 37, 16, mask="fp16", mask_dims="bk", out_order="bqhd")
     spec = tuned_op.spec_of(expr, CONFIG)
     q, k, v, m = operands()

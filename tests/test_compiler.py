@@ -9,7 +9,7 @@ from torch import nn
 import real_jit
 import tritune
 from models import Awkward, awkward_inputs
-from tritune.kernels.frontend import ops, tuned_op
+from tritune.kernels.frontend import ops, sites, tuned_op
 from tritune.kernels.device import device_info
 from tritune.kernels.family import device_key
 from tritune.kernels.frontend.ops import contraction_expr
@@ -114,8 +114,8 @@ def test_a_call_site_runs_its_kernel_only_on_the_layout_it_was_tuned_for(monkeyp
     a, b = torch.randn(33, 29), torch.randn(29, 47)
     spec = tuned_op.spec_of(contraction_expr(a, b, ()), FAST)
     launched = []
-    original = tuned_op.wrap_triton
-    monkeypatch.setattr(tuned_op, "wrap_triton", lambda fn: launched.append(1) or original(fn))
+    original = sites.wrap_triton
+    monkeypatch.setattr(sites, "wrap_triton", lambda fn: launched.append(1) or original(fn))
     assert torch.allclose(tuned_op.OP(a, b, None, [], spec), a @ b, atol=1e-5) and launched == [1]
     transposed = a.t().contiguous().t()  # the same values stored column-major: torch ops compute it
     with caplog.at_level(logging.WARNING, logger="tritune.compiler"):
@@ -133,8 +133,8 @@ def test_operands_that_start_unaligned_run_as_torch_ops(monkeypatch):
     from tritune.kernels.wide.expr import Wide
 
     launched = []
-    original = tuned_op.wrap_triton
-    monkeypatch.setattr(tuned_op, "wrap_triton", lambda fn: launched.append(1) or original(fn))
+    original = sites.wrap_triton
+    monkeypatch.setattr(sites, "wrap_triton", lambda fn: launched.append(1) or original(fn))
     x, w1, w2 = torch.randn(33, 29), torch.randn(47, 29), torch.randn(47, 29)
     shifted = torch.randn(33 * 29 + 2)[2:].view(33, 29)
     shifted.copy_(x)

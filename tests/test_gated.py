@@ -184,11 +184,11 @@ def test_the_new_kernels_build_for_sm90_with_warp_group_mmas():
 def test_the_replayed_op_loads_through_descriptors_where_the_operands_allow(monkeypatch):
     """torch.ops.tritune.gated with TMA=1: the kernel where rows are 16-byte aligned, torch ops
     (the same values) where x's rows are not."""
-    from tritune.kernels.frontend import tuned_op
+    from tritune.kernels.frontend import sites, tuned_op
 
     launched = []
-    original = tuned_op.wrap_triton
-    monkeypatch.setattr(tuned_op, "wrap_triton", lambda fn: launched.append(1) or original(fn))
+    original = sites.wrap_triton
+    monkeypatch.setattr(sites, "wrap_triton", lambda fn: launched.append(1) or original(fn))
     expr = Gated(37, 24, 56, dtype="fp32", allow_tf32=False)
     spec = tuned_op.spec_of(expr, SMALL.replace(TMA=1, UNROLL=1))
     x, w1, w2 = torch.randn(37, 56), torch.randn(24, 56), torch.randn(24, 56)

@@ -13,7 +13,7 @@ import real_jit
 from test_codegen_sm90 import build_sm90
 from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.contraction.launch import launch_options, pdl_constexprs
-from tritune.kernels.frontend import graph, tuned_op
+from tritune.kernels.frontend import graph, sites, tuned_op
 from tritune.kernels.frontend.compiler import rewrite
 from tritune.kernels.gated.expr import Gated
 from tritune.kernels.wide.expr import Wide
@@ -124,7 +124,7 @@ def test_only_the_twin_launches_with_the_attribute(monkeypatch):
         def __getitem__(self, grid):
             return lambda *args, **kwargs: launched.append((kwargs.get("launch_pdl", False), kwargs["PDL"]))
 
-    monkeypatch.setattr(tuned_op, "wrap_triton", Capture)
+    monkeypatch.setattr(sites, "wrap_triton", Capture)
     expr = Matmul(16, 160, 96, trans_b=True)
     with FakeTensorMode():
         a, w = torch.empty(16, 96, dtype=torch.float16, device="cuda"), torch.empty(160, 96, dtype=torch.float16,

@@ -135,18 +135,18 @@ def test_frontend_launches_early_under_cuda_graphs(name, tmp_path, monkeypatch):
     the replayed graph (kernels overlapping their predecessors) against float64."""
     pytest.importorskip("transformers")
     import tritune
-    from tritune.kernels.frontend import tuned_op
+    from tritune.kernels.frontend import sites
     from tritune.tuner.model import zoo
     from tritune.tuner.model.load import build
 
     early = []
-    options = tuned_op._launch_options
+    options = sites._launch_options
 
     def spy(config):
         got = options(config)
         early.append(bool(got))
         return got
-    monkeypatch.setattr(tuned_op, "_launch_options", spy)
+    monkeypatch.setattr(sites, "_launch_options", spy)
     model, (x,) = build(partial(getattr(zoo, name), hidden=256, layers=2), [(16, 1, 256)], "fp32", "cuda", "random")
     with torch.no_grad():
         ref = model.double()(x.double())
