@@ -165,3 +165,38 @@ def test_traced_sites_never_make_inductor_copy_their_weights(tmp_path):
     matmul, gated, wide = real_jit.run(TRACED, tmp_path).split("def forward")[1:]
     assert "tensors_to_clone = ['C']" in matmul and "tensors_to_clone = ['C']" in gated
     assert "tensors_to_clone = ['C0', 'C1']" in wide and "'PDL': 0" in matmul
+
+
+@pytest.mark.parametrize("early", [True, False])
+def test_the_backend_launches_early_only_in_one_cuda_graph_and_when_let(monkeypatch, tmp_path, early):
+    """The backend in CUDA-graph mode, a site stored with a PDL config: the graph it hands Inductor's
+    default lowering calls the twin (launching early) unless `early_launch=False`; the default mode
+    never does."""
+    import tritune
+    from tritune.kernels.device import device_info
+    from tritune.kernels.family import device_key
+    from tritune.kernels.frontend import compiler
+    from tritune.records.database import Database
+    from tritune.records.result import MeasureResult, Status
+
+    lowered = []
+    monkeypatch.setattr(compiler, "inductor", lambda mode=None: lambda gm, inputs: lowered.append((mode, gm)) or gm)
+
+    def fn(x, w):
+        return F.linear(x, w)
+    x, w = torch.randn(16, 96), torch.nn.Parameter(torch.randn(160, 96))
+    (site,) = graph.find(graph.aten_graph(fn, (x, w)), graph.tf32_allowed())
+    with Database(tmp_path / "t.db") as db:
+        db.add_workload(site.expr.key, "matmul", site.expr.dtype, site.expr.to_json())
+        config = Config.of(SKINNY, BLOCK_K=32, PDL=2)
+        db.save(site.expr.key, device_key(device_info(), "matmul"), [MeasureResult(config, Status.OK, *[1.0] * 4)])
+    for mode in ("reduce-overhead", None):
+        backend = tritune.compiler(tmp_path / "t.db", mode=mode, early_launch=early, graph_verdicts=False)
+        with torch.no_grad():
+            backend(torch.fx.symbolic_trace(fn), [x, w])
+    (ro, ro_graph), (default, default_graph) = lowered
+    targets = [{str(n.target) for n in g.graph.nodes if str(n.target).startswith("tritune.")}
+               for g in (ro_graph, default_graph)]
+    assert ro is None and default is None  # the CUDA-graph mode lowers through Inductor's default
+    assert targets == [{"tritune.matmul_graphed.default" if early else "tritune.matmul.default"},
+                       {"tritune.matmul.default"}]
