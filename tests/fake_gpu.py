@@ -42,12 +42,14 @@ def _measure(payload: dict) -> dict:
     if _state["measured"] >= int(os.environ.get("FAKE_GPU_HANG", "1000000")):
         time.sleep(3600)
     _state["measured"] += 1
+    start = time.perf_counter()
     time.sleep(float(os.environ.get("FAKE_GPU_MS", "20")) / 1000)
+    spent = {"timing": time.perf_counter() - start}  # the device-seconds a real worker reports
     if log:
         with open(log, "a") as fp:
             fp.write(config.key + "\n")
     t = fake_time(config)
-    return {"status": Status.OK, "times": (t, t, t, t), "message": "fake"}
+    return {"status": Status.OK, "times": (t, t, t, t), "message": "fake", "spent": spent}
 
 
 def handlers(timing):

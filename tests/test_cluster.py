@@ -95,6 +95,12 @@ def test_a_cluster_tunes_several_workloads_and_a_killed_host_loses_nothing(sched
     assert all(r.ok for trials in stored.values() for r in trials)
     on = {(key, r.config.key): r.measured_on for key, trials in stored.items() for r in trials}
     assert set(Counter(on.values())) <= {"a:0", "b:0", "b:1"} and {"b:0", "b:1"} <= set(on.values())
+    # the hosts report their GPUs' seconds back: the breakdown says how busy each was
+    busy = Counter()
+    for s in out:
+        busy.update({k: v for k, v in s["time"].items() if k.startswith("GPU busy fraction, ")})
+    assert all(s["time"]["GPU busy fraction"] > 0 for s in out) and busy["GPU busy fraction, b:0"] > 0
+    assert busy["GPU busy fraction, b:1"] > 0
     # what host a began but never sent back (the hung one at least) was measured again on b
     unfinished = [c for c in started(a_log) if on.get(c) != "a:0"]
     assert started(a_log)[-1] in unfinished and all(on[c] in ("b:0", "b:1") for c in unfinished)

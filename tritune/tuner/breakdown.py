@@ -3,6 +3,7 @@ that `tune-cli run --summary-json` and `--verbose` show (proposal, model fit, wa
 correctness check, timing, idle GPU, idle compile pool, the parts outside the loop, each GPU)."""
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -10,10 +11,13 @@ from typing import Iterator
 
 
 class Stopwatch:
-    """Seconds spent per phase; `with watch("phase"):` adds the block's wall time."""
+    """Seconds spent per phase; `with watch("phase"):` adds the block's wall time. Threads that
+    share one (the measuring threads of a group of GPUs) can each tell what they added themselves
+    (`by_this_thread`)."""
 
     def __init__(self) -> None:
         self.spent: dict[str, float] = defaultdict(float)
+        self._threads = threading.local()
 
     @contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
@@ -21,11 +25,19 @@ class Stopwatch:
         try:
             yield
         finally:
-            self.spent[phase] += time.perf_counter() - start
+            self.add(phase, time.perf_counter() - start)
 
     def add(self, phase: str, seconds: float) -> None:
-        """Count seconds measured elsewhere (in a worker process)."""
+        """Count seconds measured elsewhere (in a worker process, on a cluster's host)."""
         self.spent[phase] += seconds
+        mine = getattr(self._threads, "spent", None)
+        if mine is None:
+            mine = self._threads.spent = defaultdict(float)
+        mine[phase] += seconds
+
+    def by_this_thread(self) -> dict[str, float]:
+        """The seconds per phase that the calling thread added."""
+        return dict(getattr(self._threads, "spent", {}))
 
     def since(self, before: dict[str, float]) -> dict[str, float]:
         """What was spent after a `snapshot()` (runner and builder serve several workloads in turn)."""

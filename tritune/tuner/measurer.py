@@ -187,16 +187,16 @@ class Measurer:
     def _measured(self, runner: Any, config: Config, compile_s: float) -> MeasureResult:
         """`runner.measure`, with the device-seconds it spent checking and timing counted for this
         workload, in total and per device ("check on host:index"): the devices of a host share
-        one stopwatch with every workload measured on them at once, but a device measures one
-        candidate at a time, so what its own phases grew by during the call is this candidate's."""
-        keys = [f"{phase} on {runner.name}" for phase in GPU_PHASES]
-        before = [runner.watch.spent.get(key, 0.0) for key in keys]
+        one stopwatch with every workload measured on them at once, so the seconds counted are
+        those this thread's call added to it (a cluster's host reports its devices' totals with
+        each answer, and the call adds what they grew by: see `RemoteHost.measure`)."""
+        before = runner.watch.by_this_thread()
         result = runner.measure(self.expr, config, compile_s, best_ms=self.best_ms)
-        for phase, key, was in zip(GPU_PHASES, keys, before):
-            seconds = runner.watch.spent.get(key, 0.0) - was
-            if seconds:  # a cluster's host keeps its GPU seconds: it names no device it cannot tell of
-                self.watch.add(phase, seconds)
-                self.watch.add(key, seconds)
+        for key, total in runner.watch.by_this_thread().items():
+            phase, _, device = key.partition(" on ")
+            if phase in GPU_PHASES and device and total > before.get(key, 0.0):
+                self.watch.add(phase, total - before.get(key, 0.0))
+                self.watch.add(key, total - before.get(key, 0.0))
         return result
 
 

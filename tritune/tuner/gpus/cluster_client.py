@@ -34,14 +34,28 @@ class RemoteHost(OneRunner):
         self.name, self.parallel, self.gpus = info["name"], info["parallel"], len(info["devices"])
         self.lost = False
         self.watch = Stopwatch()
+        self._spent_lock = threading.Lock()  # answers of several candidates in flight arrive at once
+        self._host_spent: dict[str, float] = {}  # the host's GPU totals of its last answer
 
     def device_info(self) -> dict:
         """The host's GPU facts."""
         return self.info
 
     def measure(self, expr: Any, config: Config, compile_s: float = 0.0, best_ms: float | None = None) -> MeasureResult:
-        """Compile, check and time one candidate on the host (the result names its GPU)."""
-        return self._call("measure", expr, config, best_ms)
+        """Compile, check and time one candidate on the host (the result names its GPU). The host's
+        answer also brings what each of its GPUs has spent checking and timing so far: the call
+        adds what those totals grew by since the last answer to this runner's stopwatch, where the
+        workload's measurer finds it (answers of candidates measured at once split the host's
+        seconds between them by arrival: the run's sum is right, a candidate's share approximate)."""
+        result, spent = self._call("measure", expr, config, best_ms)
+        with self._spent_lock:
+            for key, total in spent.items():
+                grew = total - self._host_spent.get(key, 0.0)
+                if grew > 0:
+                    self._host_spent[key] = total
+                    self.watch.add(key, grew)
+                    self.watch.add(key.partition(" on ")[0], grew)
+        return result
 
     def head_to_head(self, expr: Any, config: Config) -> dict:
         """The end-of-run comparison, on the host's first GPU."""

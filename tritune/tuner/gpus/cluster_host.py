@@ -15,7 +15,7 @@ from tritune.records.result import MeasureResult
 from tritune.schedules.config import Config
 from tritune.tuner.builder import Builder
 from tritune.tuner.gpus.cluster import CONNECT_TIMEOUT_S, ClusterError, reachable
-from tritune.tuner.measurer import Measurer
+from tritune.tuner.measurer import GPU_PHASES, Measurer
 from tritune.tuner.worker.local import DeviceLost
 from tritune.tuner.worker.protocol import Runner
 
@@ -44,8 +44,10 @@ class HostAgent:
         it), its devices, how many candidates it takes at once, and its device key of every op."""
         return self._info
 
-    def measure(self, expr: Any, config: Config, best_ms: float | None) -> MeasureResult:
-        """Compile one candidate in the host's pool, then check and time it on the next free GPU."""
+    def measure(self, expr: Any, config: Config, best_ms: float | None) -> tuple[MeasureResult, dict[str, float]]:
+        """Compile one candidate in the host's pool, then check and time it on the next free GPU;
+        with the result, the seconds each of the host's GPUs has spent checking and timing so far
+        ("check on host:index": the tune-cli process counts them, as it does its own GPUs')."""
         build = self.builder.submit(expr, family(expr.op).canonical_problem(expr), [config])[0]
         with self._lock:
             lane = self._lanes.pop(expr.key, None) or Measurer(expr, None, self.builder, self.runner, None)
@@ -56,10 +58,12 @@ class HostAgent:
                 lane.offer_best(best_ms)
             done = lane.submit(config, build)
         try:
-            return done.result()
+            result = done.result()
         finally:
             with self._lock:
                 self._busy[expr.key] -= 1
+        spent = dict(self.runner.watch.spent)
+        return result, {k: v for k, v in spent.items() if k.partition(" on ")[0] in GPU_PHASES and " on " in k}
 
     def _retire(self) -> None:
         """Close the oldest idle measurers beyond LANES (hold the lock): a worker serves for days."""
