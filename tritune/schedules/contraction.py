@@ -231,11 +231,12 @@ class _Problem:
             return "one wave of tiles: a persistent loop changes nothing"
         return None
 
-    @reads("BLOCK_M", "BLOCK_N", "SPLIT_K", "PERSISTENT", "PDL")
+    @reads("BLOCK_M", "BLOCK_N", "SPLIT_K", "PDL")
     def one_wave(self, c: Config) -> str | None:
         # an early launch pays only where the previous kernel's drain leaves SMs idle, and a kernel
         # of more waves than that would park its waiting programs on SMs the previous one still needs
-        if c.get("PDL", 0) and (c.get("PERSISTENT", 0) or self.batch * self.tiles(c) * c.get("SPLIT_K", 1) > self.limits.sms):
+        # (a persistent loop is only kept for more tiles than SMs: never one wave)
+        if c.get("PDL", 0) and self.batch * self.tiles(c) * c.get("SPLIT_K", 1) > self.limits.sms:
             return "programmatic dependent launch serves kernels of one wave of programs"
         return None
 

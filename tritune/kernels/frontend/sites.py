@@ -69,7 +69,23 @@ def _launch_options(config: Config) -> dict[str, Any]:
     return {"launch_pdl": True} if _launch_pdl.get() else {"PDL": 0, "PDL_K": 0}
 
 
-class Site:
+class _Launched:
+    """A call site's kernel (`fn`, specialised to the site), its `grid`, compile-time parameters
+    (`consts`) and `config`, and its launch."""
+
+    fn: Any
+    grid: tuple
+    consts: dict
+    config: Config
+
+    def run(self, *args: Any, **ints: Any) -> None:
+        """Launch the site's kernel (Inductor traces this into a launch of its own)."""
+        if self.config.get("TMA", 0):
+            use_torch_scratch()
+        wrap_triton(self.fn)[self.grid](*args, **ints, **{**self.consts, **_launch_options(self.config)})
+
+
+class Site(_Launched):
     """One contraction call site: its kernel function, grid and compile-time parameters."""
 
     def __init__(self, expr: Matmul, config: Config) -> None:
@@ -112,15 +128,12 @@ class Site:
         ws = locks = None
         if self.config.get("SPLIT_K", 1) > 1:
             ws, locks = a.new_empty(self.ws, dtype=torch.float32), a.new_zeros(self.slots, dtype=torch.int32)
-        if self.config.get("TMA", 0):
-            use_torch_scratch()
         ints = dict(zip(self.int_names, launch.ints_of(expr, a, b, out, bias, *inputs)))
-        wrap_triton(self.fn)[self.grid](a, b, out, bias if expr.has_bias else None, ws, locks, *inputs, **ints,
-                                        **{**self.consts, **_launch_options(self.config)})
+        self.run(a, b, out, bias if expr.has_bias else None, ws, locks, *inputs, **ints)
         return out
 
 
-class _OneKernel:
+class _OneKernel(_Launched):
     """A call site of a family whose launch module (`launch`) has one kernel per expression: its
     source specialised to the site, its grid and compile-time parameters."""
 
@@ -144,12 +157,6 @@ class _OneKernel:
         """The launch module's scratch for a config split by `knob`; None each unsplit (specialised
         away: no allocation, no zeroing launch)."""
         return self.launch.scratch(self.expr, self.config, like) if self.config.get(knob, 1) > 1 else (None, None)
-
-    def run(self, *args: Any, **ints: Any) -> None:
-        """Launch the site's kernel (Inductor traces this into a launch of its own)."""
-        if self.config.get("TMA", 0):
-            use_torch_scratch()
-        wrap_triton(self.fn)[self.grid](*args, **ints, **{**self.consts, **_launch_options(self.config)})
 
 
 class GatedSite(_OneKernel):
