@@ -116,7 +116,7 @@ def family_cases(limits: Limits, per_expr: int = PER_EXPR) -> list:
     tma = TILE.replace(BLOCK_N=64, UNROLL=1, TMA=1)
     out += [(Gated(1000, 520, 1576, dtype, act, trans_b=t, bias=t), tma.replace(FUSE=f))
             for (dtype, act, t), f in itertools.product((("fp16", "silu", True), ("bf16", "gelu_tanh", False)), (0, 1))]
-    return out + split_cases() + pdl_cases() + attention_cases()
+    return out + split_cases() + pdl_cases() + gemv_cases() + attention_cases()
 
 
 def pdl_cases() -> list:
@@ -131,6 +131,25 @@ def pdl_cases() -> list:
                 (Matmul(1, 1000, 2048, dtype=dtype), tile.replace(SPLIT_K=4)),
                 (Wide(16, (2048, 512, 520), 2048, dtype=dtype, norm_eps=1e-6), tile.replace(**next(loads))),
                 (Gated(1, 1000, 2000, dtype=dtype, norm_eps=1e-6), tile.replace(SPLIT_K=2, FUSE=int(dtype == "bf16")))]
+    return out
+
+
+GEMV_TILE = Config.of(BLOCK_M=1, BLOCK_N=4, BLOCK_K=256, GROUP_M=1, num_warps=4, num_stages=3, UNROLL=1, GEMV=1)
+
+
+def gemv_cases() -> list:
+    """The GEMV path (no tensor cores) of every GEMM family at a few rows: both weight layouts,
+    edges along N and K, split-K, unrolling, biases, a row norm, every dtype."""
+    out = []
+    for dtype in ("fp16", "bf16", "fp32"):
+        tile = GEMV_TILE.replace(BLOCK_K=64 if dtype == "fp32" else 256)
+        out += [(Matmul(1, 2000, 1576, dtype=dtype, trans_b=True, epilogue=(BiasAdd(),)), tile.replace(UNROLL=2)),
+                (Matmul(3, 1000, 2048, dtype=dtype), tile.replace(BLOCK_M=4, BLOCK_N=8, SPLIT_K=4)),
+                (Matmul(1, 4000, 2048, dtype=dtype, trans_b=True, norm_eps=1e-6), tile.replace(BLOCK_N=8, BLOCK_K=512)),
+                (Wide(1, (2048, 512, 520), 2048, dtype=dtype, norm_eps=1e-6), tile.replace(BLOCK_N=8)),
+                (Wide(2, (1000, 300), 1576, dtype=dtype, bias=True), tile.replace(BLOCK_M=2, SPLIT_K=2)),
+                (Gated(1, 1000, 2000, dtype=dtype, norm_eps=1e-6), tile.replace(BLOCK_N=2, FUSE=0)),
+                (Gated(4, 1000, 2048, dtype=dtype, bias=True, trans_b=False), tile.replace(BLOCK_M=4, SPLIT_K=2, FUSE=0))]
     return out
 
 

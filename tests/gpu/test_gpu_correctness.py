@@ -35,7 +35,8 @@ def _limits() -> Limits:
 def _cases(pairs: list) -> list:
     """pytest params of (expr, config, seed): the seed is the case's place in its list, so that any
     subset (-k) checks each case on the same inputs."""
-    return [pytest.param(e, c, i, id=f"{e.op}-{e.dtype}-{i}") for i, (e, c) in enumerate(pairs)]
+    return [pytest.param(e, c, i, id=f"{e.op}-{e.dtype}-{i}" + ("-gemv" if c.get("GEMV", 0) else ""))
+            for i, (e, c) in enumerate(pairs)]
 
 
 KERNELS = gpu_cases.matmul_cases() + gpu_cases.general_cases() + gpu_cases.family_cases(_limits())

@@ -27,6 +27,17 @@ EXTENSIONS = (
 # Programmatic dependent launch (devices that have it): 1 starts the kernel while the previous one
 # drains, 2 also prefetches its weights meanwhile (templates: PDL_WAIT, _prefetch_weights)
 PDL = Knob("PDL", (0, 1, 2))
+# A few rows (decode at batch 1): GEMV=1 computes the tile without tensor cores, the products
+# summed along K in fp32 registers, so the weight goes from memory straight to registers and
+# programs are small enough for many to share an SM. Offered, first of the knobs, only for
+# problems of at most GEMV_MAX_ROWS rows; its tiles are every row (as a power of two) by a few
+# weight columns, values the MMA tiles never take.
+GEMV = Knob("GEMV", (0, 1))
+GEMV_MAX_ROWS = 4
+GEMV_COLUMNS = (2, 4, 8)
+GEMV_DEEPEST = 512  # a GEMV step may reach deeper along K than an MMA's (no shared-memory stages to fill)
+# The fp32 products of a GEMV step stay in registers until the loop ends: at most this many per thread.
+GEMV_MAX_REGS = 64
 WARPS = dict((k.name, k.values) for k in KNOBS)["num_warps"]
 MAX_BLOCK_K = max(dict((k.name, k.values) for k in KNOBS)["BLOCK_K"])
 # Splitting K pays only while the grid is short of this many waves; the next-smaller split must
@@ -120,9 +131,14 @@ def contraction_space(m: int, n: int, k: int, element_bytes: int, limits: Limits
     are read through a row norm, whose statistics need the whole K loop in one program.
     """
     p = _Problem(m, n, k, element_bytes, batch, limits, b_tiles=b_tiles, norm=norm)
-    return Space(KNOBS + EXTENSIONS + ((PDL,) if limits.pdl else ()),
-                 (p.tile_fits, p.not_too_small, p.registers, p.k_step_too_small, p.not_redundant, p.split_k,
-                  p.tma(tma), p.shared, p.persistent, p.warp_spec, p.norm_prologue, p.one_wave))
+    knobs = KNOBS + EXTENSIONS + ((PDL,) if limits.pdl else ())
+    if m <= GEMV_MAX_ROWS:
+        rows = _pow2_ceil(m)
+        knobs = (GEMV, Knob("BLOCK_M", (rows, *KNOBS[0].values)), Knob("BLOCK_N", (*GEMV_COLUMNS, *KNOBS[1].values)),
+                 Knob("BLOCK_K", (*KNOBS[2].values, GEMV_DEEPEST)), *knobs[3:])
+    return Space(knobs, (p.gemv_tile, p.tile_fits, p.not_too_small, p.registers, p.k_step_too_small, p.not_redundant,
+                         p.split_k, p.tma(tma), p.shared, p.persistent, p.warp_spec, p.norm_prologue, p.one_wave,
+                         p.gemv_registers, p.gemv_only_tiles))
 
 
 def _acc_overflow(c: Config, warps: int, accumulators: int) -> str | None:
@@ -153,6 +169,28 @@ class _Problem:
     def tiles(self, c: Config) -> int:
         return -(-self.m // c["BLOCK_M"]) * -(-self.n // c["BLOCK_N"])
 
+    @reads("GEMV", "BLOCK_M", "BLOCK_N", "BLOCK_K")
+    def gemv_tile(self, c: Config) -> str | None:
+        gemv, bm, bn = c.get("GEMV", 0), c["BLOCK_M"], c["BLOCK_N"]
+        if gemv and (bm != _pow2_ceil(self.m) or bn not in GEMV_COLUMNS):
+            return f"a GEMV tile is every row by {'/'.join(map(str, GEMV_COLUMNS))} columns"
+        if not gemv and (min(bm, bn) < self.min_dim or c["BLOCK_K"] > MAX_BLOCK_K):
+            return f"tensor-core tiles are {self.min_dim} to {MAX_BLOCK_K} deep and at least {self.min_dim} x {self.min_dim}"
+        return None
+
+    @reads("GEMV", "BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps")
+    def gemv_registers(self, c: Config) -> str | None:
+        per_thread = self.b_tiles * c["BLOCK_M"] * c["BLOCK_N"] * c["BLOCK_K"] // (32 * c["num_warps"])
+        if c.get("GEMV", 0) and not 1 <= per_thread <= GEMV_MAX_REGS:
+            return f"{per_thread} fp32 products per thread: not within 1 to {GEMV_MAX_REGS}"
+        return None
+
+    @reads(*(k.name for k in (GEMV, *KNOBS, *EXTENSIONS)))
+    def gemv_only_tiles(self, c: Config) -> str | None:
+        if c.get("GEMV", 0) and (c["GROUP_M"] > 1 or c.get("TMA", 0) or c.get("PERSISTENT", 0) or c.get("WARP_SPEC", 0)):
+            return "a GEMV is one row of tiles, loaded by pointers, one program per tile"
+        return None
+
     @reads("BLOCK_M", "BLOCK_N", "BLOCK_K")
     def tile_fits(self, c: Config) -> str | None:
         for knob, dim in (("BLOCK_M", self.m), ("BLOCK_N", self.n), ("BLOCK_K", self.k)):
@@ -160,10 +198,10 @@ class _Problem:
                 return f"{knob}={c[knob]} far larger than the problem ({dim})"
         return None
 
-    @reads("BLOCK_M", "BLOCK_N")
+    @reads("GEMV", "BLOCK_M", "BLOCK_N")
     def not_too_small(self, c: Config) -> str | None:
         bm, bn = c["BLOCK_M"], c["BLOCK_N"]
-        if 2 * bm * bn * self.b_tiles > MAX_TILE:
+        if c.get("GEMV", 0) or 2 * bm * bn * self.b_tiles > MAX_TILE:
             return None  # no feasible larger tile
         tiles_m, tiles_n = -(-self.m // bm), -(-self.n // bn)
         enough = -(-MIN_WAVES_TO_SHRINK * self.limits.sms // self.batch)  # programs per batch entry

@@ -23,12 +23,14 @@ def gated_space(m: int, n: int, k: int, element_bytes: int, limits: Limits, tma:
     whether the operands' layout allows tensor-descriptor loads; `rows_aligned`: whether the
     weights' rows (as stored) start 16 bytes apart."""
     base = contraction_space(m, n, k, element_bytes, limits, tma=int(tma), b_tiles=2)
-    base = base.without([knob.name for knob in base.knobs if knob.name not in (*TILING, "SPLIT_K", "PDL")])
+    base = base.without([knob.name for knob in base.knobs if knob.name not in ("GEMV", *TILING, "SPLIT_K", "PDL")])
 
-    @reads(*TILING, "FUSE", "TMA")
+    @reads("GEMV", *TILING, "FUSE", "TMA")
     def fused(c: Config) -> str | None:
         if not c["FUSE"]:
             return None
+        if c.get("GEMV", 0):
+            return "a GEMV has no MMA to join the weight tiles for"
         if element_bytes != 2:
             return "joined fp32 weight tiles do not compile (Triton 3.9, sm_90: illegal shared layout)"
         if 2 * c["BLOCK_N"] > MAX_MMA_N:

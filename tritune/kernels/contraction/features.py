@@ -24,6 +24,7 @@ DERIVED = (
     "log_m", "log_n", "log_k", "log_batch", "m_div16", "n_div16", "k_div16", "trans_a", "trans_b",
     "log2_SPLIT_K", "TMA", "PERSISTENT", "m_div8", "n_div8", "k_div8", "WARP_SPEC",
     "operand_regs", "thread_regs", "epi_steps", "epi_bytes_per_out", "epi_tile_regs", "PDL",
+    "GEMV",
 )
 FEATURE_NAMES = tuple(f"log2_{k}" for k in KNOB_NAMES) + DERIVED
 
@@ -76,6 +77,7 @@ def config_features(expr: Matmul, limits: Limits, c: Config, b_tiles: int = 1) -
         math.log2(split), tma, persistent, expr.m % 8 == 0, expr.n % 8 == 0, expr.k % 8 == 0,
         c.get("WARP_SPEC", 0),
         operand, acc + operand + RESERVED_REGS, epi_steps, epi_bytes, epi_tiles * acc, c.get("PDL", 0),
+        c.get("GEMV", 0),
     ]
 
 

@@ -1,8 +1,9 @@
 """Triton source for the contraction family, generated from a Matmul expression.
 
 One template serves every contraction: layout and epilogue shape the generated source; tile
-sizes, grouping, unrolling, split-K, TMA loads, the persistent loop and warp specialisation are
-constexpr knobs of it.
+sizes, grouping, unrolling, split-K, TMA loads, the persistent loop, warp specialisation,
+programmatic dependent launch and the GEMV path (a few rows without tensor cores) are constexpr
+knobs of it.
 """
 from __future__ import annotations
 
@@ -48,6 +49,15 @@ def _prefetch_weights(W, pid_n, k_lo, N, K, stride_wk, stride_wn, BLOCK_N: tl.co
         cols = tl.minimum(pid_n * BLOCK_N + tl.arange(0, (BLOCK_N + line - 1) // line) * line, N - 1)
         ptrs = W + ks[:, None] * stride_wk + cols[None, :] * stride_wn
     tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _gemv_step(a, b):
+    # a step without tensor cores (GEMV): every product of the [BLOCK_M, BLOCK_K] input tile and the
+    # [BLOCK_K, BLOCK_N] weight tile in fp32, as [BLOCK_M, BLOCK_N, BLOCK_K]; the caller sums them
+    # along K once its loop ends. The weight tile is flipped (a view: no data moves) so that K runs
+    # last, as an [N, K] weight is stored: its loaded layout is the product's, with no conversion
+    return a.to(tl.float32)[:, None, :] * tl.trans(b).to(tl.float32)[None, :, :]
 '''
 
 # Programmatic dependent launch (PDL >= 1; the binary carries the launch attribute): the kernel may
@@ -66,7 +76,7 @@ def _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
               stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
-              WARP_SPEC: tl.constexpr{norm_param}):
+              WARP_SPEC: tl.constexpr, GEMV: tl.constexpr{norm_param}):
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 {norm_init}    if TMA:
         for k in tl.range(k_lo, k_hi, loop_unroll_factor=UNROLL, warp_specialize=WARP_SPEC):
@@ -83,6 +93,8 @@ def _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
         rn = offs_n % N
         a_ptrs = A + batch * stride_ab + rm[:, None] * stride_am + k_first[None, :] * stride_ak
         b_ptrs = B + batch * stride_bb + k_first[:, None] * stride_bk + rn[None, :] * stride_bn
+        if GEMV:
+            products = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
         for k in tl.range(k_lo, k_hi, loop_unroll_factor=UNROLL):
             if EVEN_K:
                 a = tl.load(a_ptrs)
@@ -90,9 +102,14 @@ def _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
             else:
                 a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k * BLOCK_K, other=0.0)
                 b = tl.load(b_ptrs, mask=offs_k[:, None] < K - k * BLOCK_K, other=0.0)
-{norm_apply}            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+{norm_apply}            if GEMV:
+                products += _gemv_step(a, b)
+            else:
+                acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
+        if GEMV:
+            acc = tl.sum(products, axis=2)
     return acc{norm_returned}
 
 
@@ -141,7 +158,7 @@ def {name}(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
     SPLIT_K: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr, WARP_SPEC: tl.constexpr,
-    PDL: tl.constexpr, PDL_K: tl.constexpr,
+    PDL: tl.constexpr, PDL_K: tl.constexpr, GEMV: tl.constexpr,
 ):
     # {description}
     grid_m = tl.cdiv(M, BLOCK_M)
@@ -168,7 +185,7 @@ def {name}(
             pid_m, pid_n = _tile_of(t, grid_m, grid_n, GROUP_M)
             acc{norm_returned} = _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, 0, k_iters, M, N, K,
                             stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
-                            BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K, DOT_PRECISION, TMA, 0{norm_arg})
+                            BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K, DOT_PRECISION, TMA, 0, 0{norm_arg})
 {norm_scale_persistent}            _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,{finish_args}
                     BLOCK_M, BLOCK_N, TMA)
     else:
@@ -179,7 +196,7 @@ def {name}(
         k_hi = tl.minimum(k_lo + per_split, k_iters)
         acc{norm_returned} = _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
                         stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
-                        BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K, DOT_PRECISION, TMA, WARP_SPEC{norm_arg})
+                        BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K, DOT_PRECISION, TMA, WARP_SPEC, GEMV{norm_arg})
 {norm_scale}        if SPLIT_K > 1:
             slot = tl.program_id(1) * tiles + tl.program_id(0)
             acc, last = _split_fixup(acc, WS, LOCKS, slot, split, BLOCK_M, BLOCK_N, SPLIT_K)

@@ -4,7 +4,8 @@ Each program computes one [BLOCK_M, BLOCK_N] tile of both products from one walk
 step loads the x tile once and the W1 and W2 tiles beside it, with pointer loads or (TMA=1)
 tensor descriptors, which fetch whole tiles through the TMA unit (zero-filled past the edges).
 FUSE=0 feeds two accumulators with two MMAs; FUSE=1 joins the two weight tiles into one [BLOCK_K, 2*BLOCK_N] tile (columns
-interleaved: g0 u0 g1 u1 ...) and issues one MMA twice as wide, split again after the loop. The
+interleaved: g0 u0 g1 u1 ...) and issues one MMA twice as wide, split again after the loop;
+GEMV=1 (a few rows) multiplies without tensor cores, both products summed in fp32 registers. The
 bias, the activation and the product run on the fp32 tiles before the one store. SPLIT_K > 1
 splits the K loop over that many programs per tile; the last to arrive adds the others' partial
 tiles (and, with a row norm, their rows' sums of squares) and finishes the tile.
@@ -56,7 +57,7 @@ def {name}(
 {int_params}
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, FUSE: tl.constexpr,
-    TMA: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr, PDL_K: tl.constexpr,
+    TMA: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr, PDL_K: tl.constexpr, GEMV: tl.constexpr,
 ):
     # {description}
     pid_m, pid_n = _tile_of(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
@@ -82,6 +83,9 @@ def {name}(
 {w_descs}
     if FUSE:
         acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+    elif GEMV:  # without tensor cores: both products in fp32 registers, summed along K after the loop
+        g3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+        u3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     else:
         g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -101,6 +105,9 @@ def {name}(
 {norm_apply}        if FUSE:
             w = tl.reshape(tl.join(w1, w2), (BLOCK_K, 2 * BLOCK_N))
             acc = tl.dot(x, w, acc, input_precision=DOT_PRECISION)
+        elif GEMV:
+            g3 += _gemv_step(x, w1)
+            u3 += _gemv_step(x, w2)
         else:
             g = tl.dot(x, w1, g, input_precision=DOT_PRECISION)
             u = tl.dot(x, w2, u, input_precision=DOT_PRECISION)
@@ -108,6 +115,8 @@ def {name}(
         w_offs += BLOCK_K * stride_wk
     if FUSE:
         g, u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
+    elif GEMV:
+        g, u = tl.sum(g3, axis=2), tl.sum(u3, axis=2)
     if SPLIT_K > 1:
         g, u{fixup_ss_ret}, last = _split_fixup_pair(g, u, WS, LOCKS, tl.program_id(0), split, BLOCK_M, BLOCK_N,
                                        SPLIT_K{fixup_ss_arg})

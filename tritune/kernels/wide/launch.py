@@ -21,7 +21,7 @@ from tritune.schedules.config import Config
 DEFAULT = Config.of(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3, UNROLL=1)
 # the contraction template's constexprs this template takes too
 SHARED_CONSTS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "UNROLL", "EVEN_K", "DOT_PRECISION", "TMA", "SPLIT_K", "PDL",
-                 "PDL_K")
+                 "PDL_K", "GEMV")
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,11 @@ The grid covers M tiles x (tiles of N_1 + tiles of N_2 [+ tiles of N_3]) in the 
 every GEMM here; a program finds its weight from its N-tile index by an if/elif chain over the
 segments' tile boundaries (constexprs), so no tile straddles two weights. The chain picks that
 segment's weight, output, bias, width and strides; one tile of that product follows, by the
-contraction template's own main loop (plain or, TMA=1, tensor-descriptor loads) and epilogue
-(its bias only). SPLIT_K > 1 splits each tile's K loop over that many programs, finished by the
-contraction template's in-kernel fixup; with a row norm the slices' sums of squares are added up
-there too, before the rows are scaled (decode's q/k/v: few tiles, so the K slices fill the GPU).
+contraction template's own main loop (plain, GEMV=1 without tensor cores, or TMA=1 with
+tensor-descriptor loads) and epilogue (its bias only). SPLIT_K > 1 splits each tile's K loop over
+that many programs, finished by the contraction template's in-kernel fixup; with a row norm the
+slices' sums of squares are added up there too, before the rows are scaled (decode's q/k/v: few
+tiles, so the K slices fill the GPU).
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def {name}(
 {int_params}
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     UNROLL: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
-    SPLIT_K: tl.constexpr, PDL: tl.constexpr, PDL_K: tl.constexpr, {ends},
+    SPLIT_K: tl.constexpr, PDL: tl.constexpr, PDL_K: tl.constexpr, GEMV: tl.constexpr, {ends},
 ):
     # {description}
     pid_m, pid_n = _tile_of(tl.program_id(0), tl.cdiv(M, BLOCK_M), END{last}, GROUP_M)
@@ -71,7 +72,7 @@ def {name}(
         x_desc, w_desc = X, W  # stand-ins, never read without TMA
     acc{norm_returned} = _mainloop(X, W, x_desc, w_desc, 0, pid_m, pid_n, k_lo, tl.minimum(k_lo + per_split, k_iters), M,
                     N, K, 0, stride_xm, stride_xk, 0, stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K,
-                    DOT_PRECISION, TMA, 0{norm_arg})
+                    DOT_PRECISION, TMA, 0, GEMV{norm_arg})
     if SPLIT_K > 1:
         acc, {fixup_out} = {fixup_call}
         if last:
