@@ -185,7 +185,7 @@ class _Problem:
             return f"{per_thread} fp32 products per thread: not within 1 to {GEMV_MAX_REGS}"
         return None
 
-    @reads(*(k.name for k in (GEMV, *KNOBS, *EXTENSIONS)))
+    @reads("GEMV", "GROUP_M", "TMA", "PERSISTENT", "WARP_SPEC")
     def gemv_only_tiles(self, c: Config) -> str | None:
         if c.get("GEMV", 0) and (c["GROUP_M"] > 1 or c.get("TMA", 0) or c.get("PERSISTENT", 0) or c.get("WARP_SPEC", 0)):
             return "a GEMV is one row of tiles, loaded by pointers, one program per tile"

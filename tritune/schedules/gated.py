@@ -10,6 +10,8 @@ from tritune.schedules.space import Knob, Limits, Space, reads
 # Knobs of the contraction space the gated template reads (and its split-K; no persistent loop
 # or warp specialisation: one program per output tile and K slice)
 TILING = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "UNROLL")
+# The contraction space's knobs the gated and wide spaces keep (the rest take their off values)
+KEPT = ("GEMV", *TILING, "SPLIT_K", "PDL")
 TMA = Knob("TMA", (0, 1))  # tensor-descriptor loads of x and both weights (no TMA store here)
 # 0: two MMAs per step, one per weight tile, into two accumulators; 1: the two tiles joined into
 # one [BLOCK_K, 2*BLOCK_N] tile and one MMA twice as wide
@@ -23,7 +25,7 @@ def gated_space(m: int, n: int, k: int, element_bytes: int, limits: Limits, tma:
     whether the operands' layout allows tensor-descriptor loads; `rows_aligned`: whether the
     weights' rows (as stored) start 16 bytes apart."""
     base = contraction_space(m, n, k, element_bytes, limits, tma=int(tma), b_tiles=2)
-    base = base.without([knob.name for knob in base.knobs if knob.name not in ("GEMV", *TILING, "SPLIT_K", "PDL")])
+    base = base.without([knob.name for knob in base.knobs if knob.name not in KEPT])
 
     @reads("GEMV", *TILING, "FUSE", "TMA")
     def fused(c: Config) -> str | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from tritune.schedules.contraction import contraction_space
-from tritune.schedules.gated import TILING, TMA
+from tritune.schedules.gated import KEPT, TMA
 from tritune.schedules.space import Limits, Space
 
 
@@ -17,5 +17,5 @@ def wide_space(m: int, ns: Sequence[int], k: int, element_bytes: int, limits: Li
     allows tensor-descriptor loads. Split-K as the contraction space has it (the same rule sees the
     widest weight's tiles: it keeps splits of a grid that is short of the GPU, as decode's is)."""
     base = contraction_space(m, max(ns), k, element_bytes, limits, tma=int(tma))
-    base = base.without([knob.name for knob in base.knobs if knob.name not in ("GEMV", *TILING, "SPLIT_K", "PDL")])
+    base = base.without([knob.name for knob in base.knobs if knob.name not in KEPT])
     return Space((*base.knobs, TMA), base.constraints)
