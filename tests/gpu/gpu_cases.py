@@ -144,12 +144,15 @@ def gemv_cases() -> list:
     for dtype in ("fp16", "bf16", "fp32"):
         tile = GEMV_TILE.replace(BLOCK_K=64 if dtype == "fp32" else 256)
         out += [(Matmul(1, 2000, 1576, dtype=dtype, trans_b=True, epilogue=(BiasAdd(),)), tile.replace(UNROLL=2)),
-                (Matmul(3, 1000, 2048, dtype=dtype), tile.replace(BLOCK_M=4, BLOCK_N=8, SPLIT_K=4)),
+                (Matmul(3, 1000, 2048, dtype=dtype), tile.replace(BLOCK_M=4, BLOCK_N=64, BLOCK_K=32, SPLIT_K=4)),
+                (Matmul(1, 4000, 1030, dtype=dtype, epilogue=(BiasAdd(),)), tile.replace(BLOCK_N=128, BLOCK_K=64, num_stages=4)),
                 (Matmul(1, 4000, 2048, dtype=dtype, trans_b=True, norm_eps=1e-6), tile.replace(BLOCK_N=8, BLOCK_K=512)),
                 (Wide(1, (2048, 512, 520), 2048, dtype=dtype, norm_eps=1e-6), tile.replace(BLOCK_N=8)),
                 (Wide(2, (1000, 300), 1576, dtype=dtype, bias=True), tile.replace(BLOCK_M=2, SPLIT_K=2)),
+                (Wide(1, (1024, 1024, 1024), 1024, dtype=dtype, bias=True, trans_b=False), tile.replace(BLOCK_N=64, BLOCK_K=128)),
                 (Gated(1, 1000, 2000, dtype=dtype, norm_eps=1e-6), tile.replace(BLOCK_N=2, FUSE=0)),
-                (Gated(4, 1000, 2048, dtype=dtype, bias=True, trans_b=False), tile.replace(BLOCK_M=4, SPLIT_K=2, FUSE=0))]
+                (Gated(4, 1000, 2048, dtype=dtype, bias=True, trans_b=False), tile.replace(BLOCK_M=4, BLOCK_N=32, BLOCK_K=32,
+                                                                                            SPLIT_K=2, FUSE=0))]
     return out
 
 

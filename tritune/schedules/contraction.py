@@ -31,8 +31,10 @@ PDL = Knob("PDL", (0, 1, 2))
 # summed along K in fp32 registers, so the weight goes from memory straight to registers and
 # programs are small enough for many to share an SM. Offered, first of the knobs, only for
 # problems of at most GEMV_MAX_ROWS rows; its tiles are every row (as a power of two) by a few
-# weight columns, values the MMA tiles never take.
-GEMV = Knob("GEMV", (0, 1))
+# weight columns (values the MMA tiles never take) where the weight is stored [N, K], K contiguous
+# (as nn.Linear keeps it); by an MMA's widths where it is stored [K, N], so that each program
+# reads whole lines of the weight's rows.
+GEMV = Knob("GEMV", (0, 1), path=True)
 GEMV_MAX_ROWS = 4
 GEMV_COLUMNS = (2, 4, 8)
 GEMV_DEEPEST = 512  # a GEMV step may reach deeper along K than an MMA's (no shared-memory stages to fill)
@@ -124,17 +126,19 @@ def shared_estimate(config: Config, element_bytes: int, b_tiles: int = 1) -> int
 
 
 def contraction_space(m: int, n: int, k: int, element_bytes: int, limits: Limits, batch: int = 1,
-                 tma: int = 0, b_tiles: int = 1, norm: bool = False) -> Space:
+                 tma: int = 0, b_tiles: int = 1, norm: bool = False, k_last: bool = True) -> Space:
     """The space for a (batch of) M x N x K contraction; constraints prune what cannot run or is
     redundant. `tma`: the largest TMA value the layout allows (1: loads, 2: the store too);
     `b_tiles`: B tiles (and accumulators) per step, 2 for a dual GEMM sharing A; `norm`: A's rows
-    are read through a row norm, whose statistics need the whole K loop in one program.
+    are read through a row norm, whose statistics need the whole K loop in one program; `k_last`:
+    the weight (B) is stored [N, K], K contiguous, else [K, N] (a GEMV's tiles follow its rows).
     """
-    p = _Problem(m, n, k, element_bytes, batch, limits, b_tiles=b_tiles, norm=norm)
+    p = _Problem(m, n, k, element_bytes, batch, limits, b_tiles=b_tiles, norm=norm, k_last=k_last)
     knobs = KNOBS + EXTENSIONS + ((PDL,) if limits.pdl else ())
     if m <= GEMV_MAX_ROWS:
         rows = _pow2_ceil(m)
-        knobs = (GEMV, Knob("BLOCK_M", (rows, *KNOBS[0].values)), Knob("BLOCK_N", (*GEMV_COLUMNS, *KNOBS[1].values)),
+        columns = (*GEMV_COLUMNS, *KNOBS[1].values) if k_last else KNOBS[1].values
+        knobs = (GEMV, Knob("BLOCK_M", (rows, *KNOBS[0].values)), Knob("BLOCK_N", columns),
                  Knob("BLOCK_K", (*KNOBS[2].values, GEMV_DEEPEST)), *knobs[3:])
     return Space(knobs, (p.gemv_tile, p.tile_fits, p.not_too_small, p.registers, p.k_step_too_small, p.not_redundant,
                          p.split_k, p.tma(tma), p.shared, p.persistent, p.warp_spec, p.norm_prologue, p.one_wave,
@@ -165,6 +169,7 @@ class _Problem:
     min_dim: int = 16  # tl.dot needs every tile dimension >= 16
     b_tiles: int = 1  # B tiles loaded, and accumulators held, per step
     norm: bool = False  # a row-norm prologue (tritune.kernels.norm)
+    k_last: bool = True  # the weight is stored [N, K] (K contiguous), else [K, N]
 
     def tiles(self, c: Config) -> int:
         return -(-self.m // c["BLOCK_M"]) * -(-self.n // c["BLOCK_N"])
@@ -172,8 +177,12 @@ class _Problem:
     @reads("GEMV", "BLOCK_M", "BLOCK_N", "BLOCK_K")
     def gemv_tile(self, c: Config) -> str | None:
         gemv, bm, bn = c.get("GEMV", 0), c["BLOCK_M"], c["BLOCK_N"]
-        if gemv and (bm != _pow2_ceil(self.m) or bn not in GEMV_COLUMNS):
-            return f"a GEMV tile is every row by {'/'.join(map(str, GEMV_COLUMNS))} columns"
+        if gemv and bm != _pow2_ceil(self.m):
+            return "a GEMV tile is every row"
+        if gemv and self.k_last and bn not in GEMV_COLUMNS:
+            return f"a GEMV tile of an [N, K] weight is {'/'.join(map(str, GEMV_COLUMNS))} columns wide"
+        if gemv and not self.k_last and bn < self.min_dim:
+            return f"a GEMV tile of a [K, N] weight is at least {self.min_dim} columns wide (whole lines of its rows)"
         if not gemv and (min(bm, bn) < self.min_dim or c["BLOCK_K"] > MAX_BLOCK_K):
             return f"tensor-core tiles are {self.min_dim} to {MAX_BLOCK_K} deep and at least {self.min_dim} x {self.min_dim}"
         return None
@@ -223,11 +232,13 @@ class _Problem:
         need = shared_estimate(c, self.element_bytes, self.b_tiles)
         return f"shared memory {need} > {self.limits.shared_bytes}" if need > self.limits.shared_bytes else None
 
-    @reads("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "UNROLL", "SPLIT_K")
+    @reads("GEMV", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "UNROLL", "SPLIT_K")
     def k_step_too_small(self, c: Config) -> str | None:
         deeper = c.replace(BLOCK_K=2 * c["BLOCK_K"])
         if deeper["BLOCK_K"] > MAX_BLOCK_K or _trips(self, c, deeper["BLOCK_K"]) < 2 * c["num_stages"]:
             return None  # a deeper step is impossible or would starve the pipeline of iterations
+        if self.gemv_registers(deeper):
+            return None  # a GEMV's deeper step would hold too many products
         if shared_estimate(deeper, self.element_bytes, self.b_tiles) > self.limits.shared_bytes:
             return None
         return "a K step twice as deep would still fill the pipeline and fit in shared memory"

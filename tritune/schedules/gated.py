@@ -20,11 +20,11 @@ MAX_MMA_N = 256  # the widest warp-group MMA (wgmma N); a wider fused tile is sp
 
 
 def gated_space(m: int, n: int, k: int, element_bytes: int, limits: Limits, tma: bool = False,
-                rows_aligned: bool = True) -> Space:
+                rows_aligned: bool = True, k_last: bool = True) -> Space:
     """The space of an M x N x K dual GEMM (two N-wide products of one [M, K] input); `tma`:
     whether the operands' layout allows tensor-descriptor loads; `rows_aligned`: whether the
-    weights' rows (as stored) start 16 bytes apart."""
-    base = contraction_space(m, n, k, element_bytes, limits, tma=int(tma), b_tiles=2)
+    weights' rows (as stored) start 16 bytes apart; `k_last`: they are stored [N, K], else [K, N]."""
+    base = contraction_space(m, n, k, element_bytes, limits, tma=int(tma), b_tiles=2, k_last=k_last)
     base = base.without([knob.name for knob in base.knobs if knob.name not in KEPT])
 
     @reads("GEMV", *TILING, "FUSE", "TMA")

@@ -54,13 +54,30 @@ class ModelBasedStrategy(Strategy):
 
     def _propose(self, n: int) -> list[Config]:
         if not self._fit():
-            return self.space.sample(self.rng, n, exclude=self.seen)
+            return self._cover_paths(self.space.sample(self.rng, n, exclude=self.seen), n, ranked=False)
         n_random = int(self.rng.binomial(n, self.eps))
         picks = self._local_picks(round(n * self.local))
         ranked = self.optimizer.top(self._score, self.candidates * n, exclude=self.seen | set(picks),
                                     starts=self._best(4))
         picks += diverse_pick(ranked, n - n_random - len(picks), self.diversity)
-        return picks + self.space.sample(self.rng, n - len(picks), exclude=self.seen | set(picks))
+        picks += self.space.sample(self.rng, n - len(picks), exclude=self.seen | set(picks))
+        return self._cover_paths(picks, n)
+
+    def _cover_paths(self, picks: list[Config], n: int, ranked: bool = True) -> list[Config]:
+        """Where a path knob (`Knob.path`) has a value no proposal has taken yet, the round's last
+        picks give way to a quarter of it (at least one) with that value: the best-rated of a
+        sample (`ranked`), else random ones. A prior learnt on workloads without that path rates
+        it by features it never saw, and annealing may not cross into it within a small budget."""
+        share = max(1, n // 4)
+        for knob in (k for k in self.space.knobs if k.path):
+            taken = {c[knob.name] for c in (*self.seen, *picks) if knob.name in c}
+            for value in (v for v in knob.values if v not in taken):
+                pool = self.space.sample_where(self.rng, 16 * share if ranked else share, knob.name, value,
+                                               exclude=self.seen | set(picks))
+                if ranked and pool:
+                    pool = [pool[i] for i in np.argsort(-self._score(pool), kind="stable")[:share]]
+                picks = picks[:max(0, n - len(pool))] + pool
+        return picks
 
     def _local_picks(self, n: int) -> list[Config]:
         """The best-rated unmeasured one-step neighbours of the best measured configs (exploitation)."""

@@ -105,7 +105,8 @@ def constexprs(expr: Matmul, config: Config) -> dict[str, Any]:
         "EVEN_K": expr.k % config["BLOCK_K"] == 0,
         "DOT_PRECISION": "ieee" if expr.dtype == "fp32" and not expr.tf32 else "tf32",
         "SPLIT_K": config.get("SPLIT_K", 1), "TMA": config.get("TMA", 0), "PERSISTENT": config.get("PERSISTENT", 0),
-        "WARP_SPEC": config.get("WARP_SPEC", 0), **pdl_constexprs(config), "GEMV": config.get("GEMV", 0),
+        "WARP_SPEC": config.get("WARP_SPEC", 0), **pdl_constexprs(config),
+        "GEMV": config["num_stages"] if config.get("GEMV", 0) else 0,  # 0 off, else its K loop's stages
     }
 
 

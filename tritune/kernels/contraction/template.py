@@ -52,12 +52,36 @@ def _prefetch_weights(W, pid_n, k_lo, N, K, stride_wk, stride_wn, BLOCK_N: tl.co
 
 
 @triton.jit
-def _gemv_step(a, b):
+def _gemv_step(a, b, K_LAST: tl.constexpr):
     # a step without tensor cores (GEMV): every product of the [BLOCK_M, BLOCK_K] input tile and the
-    # [BLOCK_K, BLOCK_N] weight tile in fp32, as [BLOCK_M, BLOCK_N, BLOCK_K]; the caller sums them
-    # along K once its loop ends. The weight tile is flipped (a view: no data moves) so that K runs
-    # last, as an [N, K] weight is stored: its loaded layout is the product's, with no conversion
-    return a.to(tl.float32)[:, None, :] * tl.trans(b).to(tl.float32)[None, :, :]
+    # [BLOCK_K, BLOCK_N] weight tile in fp32; the caller sums them along K once its loop ends
+    # (_gemv_sum). K runs last (K_LAST), [BLOCK_M, BLOCK_N, BLOCK_K], where the weight is stored
+    # [N, K]: the tile is flipped (a view: no data moves); else N does, [BLOCK_M, BLOCK_K, BLOCK_N],
+    # as a [K, N] weight's rows are stored. Either way the products keep the loaded weight's
+    # order, and a pipelined loop (num_stages > 1) reads each tile from its shared-memory stage
+    # straight into their layout
+    if K_LAST:
+        return a.to(tl.float32)[:, None, :] * tl.trans(b).to(tl.float32)[None, :, :]
+    else:
+        return a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :]
+
+
+@triton.jit
+def _gemv_zeros(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_LAST: tl.constexpr):
+    # the GEMV's products before its loop, in _gemv_step's order
+    if K_LAST:
+        return tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    else:
+        return tl.zeros((BLOCK_M, BLOCK_K, BLOCK_N), dtype=tl.float32)
+
+
+@triton.jit
+def _gemv_sum(products, K_LAST: tl.constexpr):
+    # the GEMV's [BLOCK_M, BLOCK_N] result: its products summed along K, once
+    if K_LAST:
+        return tl.sum(products, axis=2)
+    else:
+        return tl.sum(products, axis=1)
 '''
 
 # Programmatic dependent launch (PDL >= 1; the binary carries the launch attribute): the kernel may
@@ -94,8 +118,10 @@ def _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
         a_ptrs = A + batch * stride_ab + rm[:, None] * stride_am + k_first[None, :] * stride_ak
         b_ptrs = B + batch * stride_bb + k_first[:, None] * stride_bk + rn[None, :] * stride_bn
         if GEMV:
-            products = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for k in tl.range(k_lo, k_hi, loop_unroll_factor=UNROLL):
+            products = _gemv_zeros(BLOCK_M, BLOCK_N, BLOCK_K, {trans_b})
+        # Triton software-pipelines (cp.async) the loads of a loop without tl.dot only where the
+        # loop names its num_stages: a GEMV passes the config's (the GEMV constexpr carries it)
+        for k in tl.range(k_lo, k_hi, loop_unroll_factor=UNROLL, num_stages=GEMV if GEMV else None):
             if EVEN_K:
                 a = tl.load(a_ptrs)
                 b = tl.load(b_ptrs)
@@ -103,13 +129,13 @@ def _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
                 a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k * BLOCK_K, other=0.0)
                 b = tl.load(b_ptrs, mask=offs_k[:, None] < K - k * BLOCK_K, other=0.0)
 {norm_apply}            if GEMV:
-                products += _gemv_step(a, b)
+                products += _gemv_step(a, b, {trans_b})
             else:
                 acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
         if GEMV:
-            acc = tl.sum(products, axis=2)
+            acc = _gemv_sum(products, {trans_b})
     return acc{norm_returned}
 
 

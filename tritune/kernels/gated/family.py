@@ -53,7 +53,7 @@ class GatedFamily(Family):
         tma = launch.tma_unfit(expr, launch.canonical_problem(expr)) is None
         rows = expr.k if expr.trans_b else expr.n  # elements per stored weight row
         return gated_space(expr.m, expr.n, expr.k, DTYPE_BYTES[expr.dtype], limits, tma=tma,
-                           rows_aligned=rows * DTYPE_BYTES[expr.dtype] % 16 == 0)
+                           rows_aligned=rows * DTYPE_BYTES[expr.dtype] % 16 == 0, k_last=expr.trans_b)
 
     def features(self, expr: Gated, limits: Limits, configs: Sequence[Config]) -> np.ndarray:
         from tritune.kernels.gated.features import features

@@ -73,7 +73,7 @@ def constexprs(expr: Gated, config: Config) -> dict[str, Any]:
         "TMA": config.get("TMA", 0), "SPLIT_K": config.get("SPLIT_K", 1),
         "EVEN_K": expr.k % config["BLOCK_K"] == 0,
         "DOT_PRECISION": "ieee" if expr.dtype == "fp32" and not expr.tf32 else "tf32", **pdl_constexprs(config),
-        "GEMV": config.get("GEMV", 0),
+        "GEMV": config["num_stages"] if config.get("GEMV", 0) else 0,  # 0 off, else its K loop's stages
     }
 
 

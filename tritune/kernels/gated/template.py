@@ -84,12 +84,14 @@ def {name}(
     if FUSE:
         acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
     elif GEMV:  # without tensor cores: both products in fp32 registers, summed along K after the loop
-        g3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
-        u3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+        g3 = _gemv_zeros(BLOCK_M, BLOCK_N, BLOCK_K, {trans_b})
+        u3 = _gemv_zeros(BLOCK_M, BLOCK_N, BLOCK_K, {trans_b})
     else:
         g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-{norm_init}    for k in tl.range(k_lo, tl.minimum(k_lo + per_split, k_iters), loop_unroll_factor=UNROLL):
+{norm_init}    # a GEMV's loop names its num_stages (the GEMV constexpr), else Triton never pipelines it (no tl.dot)
+    for k in tl.range(k_lo, tl.minimum(k_lo + per_split, k_iters), loop_unroll_factor=UNROLL,
+                      num_stages=GEMV if GEMV else None):
         if TMA:
             x = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
 {w_loads}
@@ -106,8 +108,8 @@ def {name}(
             w = tl.reshape(tl.join(w1, w2), (BLOCK_K, 2 * BLOCK_N))
             acc = tl.dot(x, w, acc, input_precision=DOT_PRECISION)
         elif GEMV:
-            g3 += _gemv_step(x, w1)
-            u3 += _gemv_step(x, w2)
+            g3 += _gemv_step(x, w1, {trans_b})
+            u3 += _gemv_step(x, w2, {trans_b})
         else:
             g = tl.dot(x, w1, g, input_precision=DOT_PRECISION)
             u = tl.dot(x, w2, u, input_precision=DOT_PRECISION)
@@ -116,7 +118,7 @@ def {name}(
     if FUSE:
         g, u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
     elif GEMV:
-        g, u = tl.sum(g3, axis=2), tl.sum(u3, axis=2)
+        g, u = _gemv_sum(g3, {trans_b}), _gemv_sum(u3, {trans_b})
     if SPLIT_K > 1:
         g, u{fixup_ss_ret}, last = _split_fixup_pair(g, u, WS, LOCKS, tl.program_id(0), split, BLOCK_M, BLOCK_N,
                                        SPLIT_K{fixup_ss_arg})

@@ -47,7 +47,7 @@ class WideFamily(Family):
         from tritune.schedules.wide import wide_space
 
         tma = launch.tma_unfit(expr, launch.canonical_problem(expr)) is None
-        return wide_space(expr.m, expr.ns, expr.k, DTYPE_BYTES[expr.dtype], limits, tma=tma)
+        return wide_space(expr.m, expr.ns, expr.k, DTYPE_BYTES[expr.dtype], limits, tma=tma, k_last=expr.trans_b)
 
     def features(self, expr: Wide, limits: Limits, configs: Sequence[Config]) -> np.ndarray:
         from tritune.kernels.wide.features import features
