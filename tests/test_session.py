@@ -98,11 +98,13 @@ def test_breakdown_per_device_and_outside_the_loop():
     assert times["alternatives compiled ahead (second worker)"] == 7.5
 
 
-@pytest.mark.parametrize("handlers", [fake_worker.library_wins_handlers, fake_worker.near_tie_handlers])
+@pytest.mark.parametrize("handlers", [fake_worker.library_wins_handlers, fake_worker.near_tie_handlers,
+                                      fake_worker.compile_wins_handlers])
 def test_a_library_call_that_wins_the_head_to_head_is_what_replay_runs(tmp_path, monkeypatch, handlers):
     """The search's short runs can rank a kernel above the library by noise; the final head-to-head
     (long runs, in turns) decides, and the database's best follows it: the library stays unless
-    the kernel beats it by the margin."""
+    the kernel beats it by the margin, and where torch.compile's lowering beats the kernel (a
+    compiled model then leaves the site to Inductor)."""
     from tritune.kernels.contraction.expr import Matmul
     from tritune.schedules.config import Config
 
@@ -113,4 +115,18 @@ def test_a_library_call_that_wins_the_head_to_head_is_what_replay_runs(tmp_path,
         out = tuning.tune(expr, db, start.TuneOptions(trials=12, batch_size=4))
         assert [r.result.config for r in db.best_rows()] == [Config.of(library="mm")]
         assert db.best(expr.key, db.best_rows()[0].device).config == Config.of(library="mm")
-    assert out["best_config"] == {"library": "mm"} and out["final_ours_ms"] in (0.9, 1.02)
+    assert out["best_config"] == {"library": "mm"} and out["final_ours_ms"] in (0.9, 1.02, 2.0)
+
+
+def test_a_kernel_that_ties_torch_compile_stays_where_the_library_call_is_far_slower(tmp_path, monkeypatch):
+    """Within the margin of torch.compile's lowering but twice as fast as the library call (whose
+    epilogue runs unfused): the kernel is stored, since call-time replay runs what is stored."""
+    from tritune.kernels.contraction.expr import Matmul
+
+    monkeypatch.setattr(start, "LocalRunner", partial(LocalRunner, handlers=fake_worker.compile_ties_handlers))
+    monkeypatch.setattr(start, "Builder", lambda *args, **kwargs: FakeBuilder())
+    expr = Matmul(256, 256, 256)
+    with Database(tmp_path / "t.db") as db:
+        out = tuning.tune(expr, db, start.TuneOptions(trials=12, batch_size=4))
+        assert db.best(expr.key, db.best_rows()[0].device).config.library is None
+    assert "library" not in out["best_config"] and out["final_ours_ms"] == 1.0
