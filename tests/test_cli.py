@@ -104,3 +104,20 @@ def test_module_entry_point_prints_no_traceback(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[0].startswith("tune-cli: unknown op 'nope'; known: matmul, bmm")
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_the_summary_says_when_the_library_was_kept_over_the_tuned_kernel():
+    from rich.console import Console
+
+    from tritune.kernels.contraction.expr import Matmul
+    from tritune.tuner.cli.display import summary_table
+
+    h2h = {"ours_ms": 0.0174, "alternatives": {"addmm": 0.0174, "torch.compile": 0.0075},
+           "best_alternative": "torch.compile", "best_alternative_ms": 0.0075}
+    best = MeasureResult(Config.of(library="addmm"), Status.OK, t_median=0.0174)
+    for kept, says in ((None, False), (0.0075, True)):
+        console = Console(width=200, record=True)
+        console.print(summary_table(Matmul(1, 4096, 1024), best, {**h2h, "tuned_kernel_ms": kept}, "GPU"))
+        text = console.export_text()
+        assert ("the tuned kernel (0.0075 ms)" in text) == says, text
+        assert ("leaves the site to Inductor" in text) == says, text

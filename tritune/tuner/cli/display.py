@@ -136,6 +136,9 @@ def summary_table(expr: Any, best: MeasureResult, h2h: dict, gpu: str) -> Table:
                       f"{ms / ours:.3f}x faster" if ms >= ours else f"{ms / ours:.3f}x")
     winner, ratio = h2h["best_alternative"], h2h["best_alternative_ms"] / ours
     verdict = f"fastest alternative: {winner}; tritune's best is {ratio:.3f}x its speed"
+    if h2h.get("tuned_kernel_ms"):  # the library was kept (`_judge`): the row above is its time
+        verdict += (f"\nthe tuned kernel ({h2h['tuned_kernel_ms']:.4f} ms) did not beat every alternative by the "
+                    "margin: replay calls the library, a compiled model leaves the site to Inductor")
     failed = f"; torch.compile could not run: {h2h['compile_error']}" if h2h.get("compile_error") else ""
     timed = f"\ntimed as {h2h['timed_as']}" if h2h.get("timed_as") else ""
     copy = f"; copy bandwidth {h2h['copy_gbps']:,.0f} GB/s" if h2h.get("copy_gbps") else ""
