@@ -177,13 +177,15 @@ class _Problem:
     @reads("GEMV", "BLOCK_M", "BLOCK_N", "BLOCK_K")
     def gemv_tile(self, c: Config) -> str | None:
         gemv, bm, bn = c.get("GEMV", 0), c["BLOCK_M"], c["BLOCK_N"]
-        if gemv and bm != _pow2_ceil(self.m):
-            return "a GEMV tile is every row"
-        if gemv and self.k_last and bn not in GEMV_COLUMNS:
-            return f"a GEMV tile of an [N, K] weight is {'/'.join(map(str, GEMV_COLUMNS))} columns wide"
-        if gemv and not self.k_last and bn < self.min_dim:
-            return f"a GEMV tile of a [K, N] weight is at least {self.min_dim} columns wide (whole lines of its rows)"
-        if not gemv and (min(bm, bn) < self.min_dim or c["BLOCK_K"] > MAX_BLOCK_K):
+        if gemv:
+            if bm != _pow2_ceil(self.m):
+                return "a GEMV tile is every row"
+            if self.k_last and bn not in GEMV_COLUMNS:
+                return f"a GEMV tile of an [N, K] weight is {'/'.join(map(str, GEMV_COLUMNS))} columns wide"
+            if not self.k_last and bn < self.min_dim:
+                return f"a GEMV tile of a [K, N] weight is at least {self.min_dim} columns wide (whole lines of its rows)"
+            return None
+        if min(bm, bn) < self.min_dim or c["BLOCK_K"] > MAX_BLOCK_K:
             return f"tensor-core tiles are {self.min_dim} to {MAX_BLOCK_K} deep and at least {self.min_dim} x {self.min_dim}"
         return None
 

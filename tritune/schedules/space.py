@@ -195,19 +195,21 @@ class Space:
 
     def sample(self, rng: np.random.Generator, n: int, exclude: Iterable[Config] = ()) -> list[Config]:
         """Up to n distinct valid configs drawn uniformly, none of them in `exclude`."""
-        excluded = {self.index(c) for c in exclude if self._in_product(c)}
-        pool = np.setdiff1d(self.valid_indices, np.fromiter(excluded, dtype=np.int64), assume_unique=True)
-        picks = rng.choice(pool, size=min(n, len(pool)), replace=False)
-        return [self.config(int(i)) for i in picks]
+        return self._draw(rng, self.valid_indices, n, exclude)
 
     def sample_where(self, rng: np.random.Generator, n: int, name: str, value: int,
                      exclude: Iterable[Config] = ()) -> list[Config]:
         """Up to n distinct valid configs with knob `name` at `value`, drawn uniformly, none in `exclude`."""
         knob = next(i for i, k in enumerate(self.knobs) if k.name == name)
         indices, _ = self._by_value.get((knob, self.knobs[knob].values.index(value)), (np.empty(0, np.int64), None))
-        excluded = np.fromiter((self.index(c) for c in exclude if self._in_product(c)), dtype=np.int64)
-        pool = np.setdiff1d(indices, excluded)
-        return [self.config(int(i)) for i in rng.choice(pool, size=min(n, len(pool)), replace=False)]
+        return self._draw(rng, indices, n, exclude)
+
+    def _draw(self, rng: np.random.Generator, indices: np.ndarray, n: int, exclude: Iterable[Config]) -> list[Config]:
+        """Up to n distinct configs of sorted valid `indices`, drawn uniformly, none in `exclude`."""
+        excluded = {self.index(c) for c in exclude if self._in_product(c)}
+        pool = np.setdiff1d(indices, np.fromiter(excluded, dtype=np.int64), assume_unique=True)
+        picks = rng.choice(pool, size=min(n, len(pool)), replace=False)
+        return [self.config(int(i)) for i in picks]
 
     def neighbours(self, config: Config) -> list[Config]:
         """For each knob and each other value of it, the nearest valid config with that value:
