@@ -51,7 +51,8 @@ def replay(expr, config):
         elif expr.op == "gated":
             site(empty(expr.m, expr.k), weight(expr.n), weight(expr.n), None, None, norm)
         else:
-            site(empty(expr.m, expr.k), weight(expr.n), empty(expr.n) if expr.has_bias else None, [], norm)
+            norm_bias = empty(expr.k) if getattr(expr, "layer_norm", False) else None  # a LayerNorm's bias
+            site(empty(expr.m, expr.k), weight(expr.n), empty(expr.n) if expr.has_bias else None, [], norm, norm_bias)
     (fn, args, kwargs), = launched
     values = {**dict(zip(fn.arg_names, args)), **kwargs}
     types = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32",

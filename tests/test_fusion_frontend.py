@@ -105,6 +105,9 @@ def test_zoo_models_llama_gated_and_residuals_gpt2_pointwise_gelu():
     up = next(t for t in gpt2 if t.expr.op == "matmul" and t.expr.n == 256)
     assert up.expr.epilogue == (BiasAdd(), *GELU_TANH) and up.expr.trans_b is False  # Conv1D: [K, N] weights
     assert not any(t.unfused for t in gpt2) and not any(t.expr.op == "wide" for t in gpt2)  # c_attn: q, k, v in one
+    # each layer's two LayerNorms go into c_attn's and c_fc's prologue, the final one into the head's
+    assert [t.expr.n for t in gpt2 if t.expr.op == "matmul" and t.expr.layer_norm] == [192, 256, 50257]
+    assert up.expr.describe() == "matmul 12x256x64 fp32 NN layernorm+bias+" + "+".join(s.name for s in GELU_TANH)
 
 
 def store(path, exprs, library=()):
@@ -227,7 +230,7 @@ def test_tensors_written_in_place_are_no_epilogue_inputs_nor_operands(tmp_path):
     assert task.expr.epilogue == () and task.unfused == ("add",)
 
 
-@pytest.mark.parametrize("name", ["llama", "gpt2", "qwen2"])
+@pytest.mark.parametrize("name", ["llama", "gpt2", "qwen2", "neox"])
 def test_zoo_models_compile_with_their_fused_sites_replayed(tmp_path, launched, name):
     from tritune.tuner.model import zoo
 

@@ -1,5 +1,5 @@
-"""The RMSNorm prologue: a projection, a gated pair or a wide group reads its input through the
-norm inside its kernel. Found in the ATen graph only where the norm's output has no other reader;
+"""The row-norm prologue: a projection, a gated pair or a wide group reads its input through an
+RMSNorm inside its kernel, a projection through a LayerNorm. Found in the ATen graph only where the norm's output has no other reader;
 checked against float64 under the interpreter at awkward shapes, in every plain-contraction
 variant (pointer and tensor-descriptor loads, the persistent loop); built for sm_90 as tuned and as
 a compiled model replays it; kept out of split-K and warp specialisation; and workloads without a
@@ -14,6 +14,7 @@ from cases import run_case
 from test_codegen_sm90 import build_sm90
 
 from tritune.kernels.contraction.expr import Matmul
+from tritune.kernels.epilogue import BiasAdd
 from tritune.kernels.expr import ExprError
 from tritune.kernels.family import expr_from_dict, family
 from tritune.kernels.frontend import graph
@@ -21,9 +22,12 @@ from tritune.kernels.gated.expr import Gated
 from tritune.kernels.wide.expr import Wide
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits
+from tritune.tuner.worker.candidate import rel_error
 
 TILE = Config.of(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=1, num_warps=4, num_stages=3, UNROLL=1)
 DECODE = Config.of(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=4, UNROLL=1)
+GEMV_NK = Config.of(BLOCK_M=1, BLOCK_N=4, BLOCK_K=512, GROUP_M=1, num_warps=4, num_stages=3, UNROLL=1, GEMV=1)
+GEMV_KN = GEMV_NK.replace(BLOCK_N=64, BLOCK_K=32)
 
 
 class RMSNorm(nn.Module):
@@ -65,12 +69,33 @@ def test_a_norm_read_only_by_its_projection_goes_into_the_prologue(dtype):
     assert graph.val(site.norm.x).shape == (3, 1, 48) and site.expr.describe().endswith("NT rmsnorm")
 
 
-def test_a_norm_with_another_reader_or_a_layernorm_or_over_many_rows_stays_a_kernel():
+def test_a_layernorm_read_only_by_its_projection_goes_into_the_prologue():
+    model, x = Normed(layer=True).half(), torch.randn(3, 1, 48, dtype=torch.float16)
+    site, = found(model, x)
+    assert site.expr.norm_eps == 1e-5 and site.expr.layer_norm and site.norm.b is not None
+    assert [graph.val(t).shape for t in site.norm.tensors] == [(48,), (48,)]
+    assert site.expr.describe().endswith("NT layernorm")
+
+
+class TwoProjections(nn.Module):
+    """A LayerNorm read by two projections of one input: a wide group, which has no LayerNorm prologue."""
+
+    def __init__(self, k=48):
+        super().__init__()
+        self.norm, self.q, self.k = nn.LayerNorm(k), nn.Linear(k, 32, bias=False), nn.Linear(k, 16, bias=False)
+
+    def forward(self, x):
+        y = self.norm(x)
+        return self.q(y), self.k(y)
+
+
+def test_a_norm_with_another_reader_or_a_layernorm_before_a_group_or_over_many_rows_stays_a_kernel():
     from tritune.kernels.frontend.norm_match import MAX_ROWS
 
     x = torch.randn(3, 1, 48)
     assert [s.norm for s in found(Normed(leak=True), x)] == [None]
-    assert [s.norm for s in found(Normed(layer=True), x)] == [None]
+    assert [s.norm for s in found(Normed(layer=True, leak=True), x)] == [None]
+    assert [(s.expr.op, s.norm) for s in found(TwoProjections(), x)] == [("wide", None)]
     assert [s.norm is None for s in found(Normed(), torch.randn(1, MAX_ROWS + 1, 48))] == [True]  # prefill
     assert [s.norm is None for s in found(Normed(), torch.randn(1, MAX_ROWS, 48))] == [False]
 
@@ -81,8 +106,12 @@ def test_normed_workloads_round_trip_and_others_keep_their_keys():
     for expr in (Matmul(16, 32, 64, trans_b=True, norm_eps=1e-5), Wide(16, (32, 8, 8), 64, norm_eps=1e-6),
                  Gated(16, 32, 64, norm_eps=1e-6)):
         assert expr_from_dict(json.loads(expr.to_json())) == expr and expr.key != plain.key
+    layer = Matmul(16, 32, 64, trans_b=True, norm_eps=1e-5, layer_norm=True)
+    assert expr_from_dict(json.loads(layer.to_json())) == layer and layer.key != Matmul(16, 32, 64, trans_b=True,
+                                                                                         norm_eps=1e-5).key
     for bad in (dict(norm_eps=0.0), dict(norm_eps=-1e-6), dict(norm_eps=float("nan")), dict(norm_eps="1e-6"),
-                dict(norm_eps=1e-6, batch=2), dict(norm_eps=1e-6, trans_a=True)):
+                dict(norm_eps=1e-6, batch=2), dict(norm_eps=1e-6, trans_a=True), dict(layer_norm=True),
+                dict(norm_eps=1e-5, layer_norm=1)):
         with pytest.raises(ExprError):
             Matmul(16, 32, 64, **bad)
 
@@ -96,10 +125,36 @@ def test_the_plain_prologue_matches_float64_in_every_loop_variant(extra):
         assert err <= tol
 
 
+@pytest.mark.parametrize("extra", [{}, dict(TMA=1), dict(PERSISTENT=2, TMA=1), dict(GEMV=1, BLOCK_M=1)])
+def test_the_layernorm_prologue_matches_float64_in_every_loop_variant(extra):
+    for expr in (Matmul(16, 40, 64, trans_b=True, norm_eps=1e-5, layer_norm=True),
+                 Matmul(3, 40, 64, norm_eps=1e-5, layer_norm=True, epilogue=(BiasAdd(),))):
+        err, tol = run_case(expr, TILE.replace(**extra))
+        assert err <= tol
+
+
+def test_layernorm_rows_far_from_zero_keep_their_spread():
+    # rows of mean 1000 and spread 1: statistics from E[x²] - E[x]² would lose the spread in fp32
+    expr = Matmul(5, 24, 200, dtype="fp32", allow_tf32=False, norm_eps=1e-5, layer_norm=True)
+    fam = family("matmul")
+    x = fam.inputs(expr, 0, "cpu")
+    x.args[0].add_(1000.0)
+    fam.kernel(expr, TILE, fam.problem_of(expr, x.args))(*x.args)
+    assert rel_error(x.out, fam.reference(expr, x.args)) <= 1e-4
+
+
+def test_a_layernorm_kernel_without_the_rows_mean_is_caught(monkeypatch):
+    from tritune.kernels import norm
+
+    monkeypatch.setattr(norm, "_ROW_STATS", norm._ROW_STATS.replace("return pivot + shift", "return 0.0 * shift"))
+    err, tol = run_case(Matmul(16, 40, 64, trans_b=True, norm_eps=1e-5, layer_norm=True), TILE)
+    assert err > tol
+
+
 def test_a_kernel_that_forgets_the_row_scale_is_caught(monkeypatch):
     from tritune.kernels import norm
 
-    monkeypatch.setattr(norm, "scale", lambda eps, accumulators, indent: "")
+    monkeypatch.setattr(norm, "scale", lambda eps, accumulators, indent, layer=False: "")
     err, tol = run_case(Matmul(16, 40, 64, trans_b=True, norm_eps=1e-6), TILE)
     assert err > tol
 
@@ -128,13 +183,17 @@ def test_the_prologue_builds_for_sm90_tuned_and_replayed():
              (Gated(16, 5632, 2048, norm_eps=1e-6, dtype="bf16"), DECODE.replace(FUSE=1)),
              (Gated(16, 5632, 2048, norm_eps=1e-6), DECODE.replace(FUSE=0, TMA=1)),
              (Gated(16, 5632, 2048, norm_eps=1e-6), DECODE.replace(FUSE=1, SPLIT_K=4)),
-             (Gated(16, 5632, 2048, norm_eps=1e-6, dtype="bf16"), DECODE.replace(FUSE=0, TMA=1, SPLIT_K=2))]
+             (Gated(16, 5632, 2048, norm_eps=1e-6, dtype="bf16"), DECODE.replace(FUSE=0, TMA=1, SPLIT_K=2)),
+             (Matmul(16, 2304, 768, norm_eps=1e-5, layer_norm=True, epilogue=(BiasAdd(),)), DECODE),
+             (Matmul(1, 3072, 768, norm_eps=1e-5, layer_norm=True), GEMV_KN),
+             (Matmul(1, 50257, 768, trans_b=True, norm_eps=1e-5, layer_norm=True, dtype="bf16"), GEMV_NK),
+             (Matmul(16, 50257, 768, trans_b=True, norm_eps=1e-5, layer_norm=True), DECODE.replace(TMA=1))]
     tuned = build_sm90(cases)
     # (a replayed persistent grid asks the GPU for its SM count: left out here)
     replayed = build_sm90([(e, c) for e, c in cases if not c.get("PERSISTENT", 0)], replay=True)
     assert len(tuned) == len(cases) and len(replayed) == len(cases) - 1
-    # the replayed kernels take the norm weight: it is no pointer they leave out
-    assert all("G" not in (r["nones"] or []) for r in replayed)
+    # the replayed kernels take the norm weight (a LayerNorm's bias too): no pointer they leave out
+    assert all("G" not in (r["nones"] or []) and "GB" not in (r["nones"] or []) for r in replayed)
     # a split wide or gated kernel's replay passes its scratch; an unsplit one leaves it out
     split = [(r, c) for r, (e, c) in zip(replayed, [(e, c) for e, c in cases if not c.get("PERSISTENT", 0)])
              if e.op in ("wide", "gated")]

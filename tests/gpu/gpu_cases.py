@@ -77,6 +77,10 @@ def norm_cases() -> list:
         epi = (BiasAdd(), Binary("add", Input("mn", dtype))) if m == 16 else ()
         expr = Matmul(m, 4000, 2048, dtype=dtype, trans_b=True, epilogue=epi, norm_eps=1e-6)
         out.append((expr, SMALL.replace(UNROLL=1, BLOCK_K=32 if dtype == "fp32" else 128, **next(loops))))
+        # LayerNorm (GPT-2's [K, N] weights, GPT-NeoX's [N, K]), K no multiple of a step
+        layer = Matmul(m, 3000, 776, dtype=dtype, trans_b=m == 16, epilogue=epi[:1] + (Gelu(),), norm_eps=1e-5,
+                       layer_norm=True)
+        out.append((layer, SMALL.replace(UNROLL=1, BLOCK_K=32 if dtype == "fp32" else 128, **next(loops))))
     return out
 
 
@@ -147,6 +151,9 @@ def gemv_cases() -> list:
                 (Matmul(3, 1000, 2048, dtype=dtype), tile.replace(BLOCK_M=4, BLOCK_N=64, BLOCK_K=32, SPLIT_K=4)),
                 (Matmul(1, 4000, 1030, dtype=dtype, epilogue=(BiasAdd(),)), tile.replace(BLOCK_N=128, BLOCK_K=64, num_stages=4)),
                 (Matmul(1, 4000, 2048, dtype=dtype, trans_b=True, norm_eps=1e-6), tile.replace(BLOCK_N=8, BLOCK_K=512)),
+                (Matmul(1, 3000, 776, dtype=dtype, norm_eps=1e-5, layer_norm=True), tile.replace(BLOCK_N=64, BLOCK_K=32)),
+                (Matmul(2, 3000, 776, dtype=dtype, trans_b=True, epilogue=(BiasAdd(),), norm_eps=1e-5, layer_norm=True),
+                 tile.replace(BLOCK_M=2, BLOCK_N=4)),
                 (Wide(1, (2048, 512, 520), 2048, dtype=dtype, norm_eps=1e-6), tile.replace(BLOCK_N=8)),
                 (Wide(2, (1000, 300), 1576, dtype=dtype, bias=True), tile.replace(BLOCK_M=2, SPLIT_K=2)),
                 (Wide(1, (1024, 1024, 1024), 1024, dtype=dtype, bias=True, trans_b=False), tile.replace(BLOCK_N=64, BLOCK_K=128)),

@@ -22,7 +22,8 @@ class Matmul(Keyed):
     extra inputs (`inputs`) are operands after the bias: a residual [B, M, N] (batch stride 0 to
     share one [M, N]), or vectors over rows [M] or columns [N] shared by the batch. `norm_eps`:
     A's rows are read through an RMSNorm with this epsilon and a weight [K] (`tritune.kernels.norm`;
-    one row-major A, no batch), the weight the kernel's last argument.
+    one row-major A, no batch), the weight the kernel's last argument; `layer_norm`: through a
+    LayerNorm instead, its weight and bias [K] the kernel's last two arguments.
     """
 
     m: int
@@ -35,6 +36,7 @@ class Matmul(Keyed):
     epilogue: tuple[Epilogue, ...] = field(default=())
     allow_tf32: bool = True
     norm_eps: float | None = None
+    layer_norm: bool = False
     op: ClassVar[str] = "matmul"
 
     def __post_init__(self) -> None:
@@ -47,6 +49,8 @@ class Matmul(Keyed):
         check_norm(self.norm_eps)
         if self.norm_eps is not None and (self.batch > 1 or self.trans_a):
             raise ExprError("a row norm before the contraction needs one row-major A (no batch, A not transposed)")
+        if self.layer_norm is not False and (self.layer_norm is not True or self.norm_eps is None):
+            raise ExprError("layer_norm is True only with a norm epsilon (norm_eps), else False")
 
     @property
     def has_bias(self) -> bool:
@@ -76,7 +80,9 @@ class Matmul(Keyed):
             "epilogue": [e.to_dict() for e in self.epilogue], "tf32": self.tf32,
         }
         # only a normed workload names its norm: every other workload keeps its key
-        return d if self.norm_eps is None else {**d, "norm_eps": self.norm_eps}
+        if self.norm_eps is None:
+            return d
+        return {**d, "norm_eps": self.norm_eps, **({"layer_norm": True} if self.layer_norm else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Matmul":
@@ -89,6 +95,7 @@ class Matmul(Keyed):
                 trans_a=d.get("trans_a", False), trans_b=d.get("trans_b", False),
                 epilogue=tuple(epilogue_from_dict(e) for e in d.get("epilogue", ())),
                 allow_tf32=d.get("tf32", True) or d["dtype"] != "fp32", norm_eps=d.get("norm_eps"),
+                layer_norm=d.get("layer_norm", False),
             )
         except (KeyError, TypeError) as e:
             raise ExprError(f"bad matmul workload spec: {e}") from None
@@ -103,7 +110,7 @@ class Matmul(Keyed):
         b = f"{self.batch}x" if self.batch > 1 else ""
         lay = ("T" if self.trans_a else "N") + ("T" if self.trans_b else "N")
         epi = "+" + "+".join(e.name for e in self.epilogue) if self.epilogue else ""
-        return f"matmul {b}{self.m}x{self.n}x{self.k} {self.dtype} {lay}{describe_norm(self.norm_eps)}{epi}"
+        return f"matmul {b}{self.m}x{self.n}x{self.k} {self.dtype} {lay}{describe_norm(self.norm_eps, self.layer_norm)}{epi}"
 
 
 # Small awkward contractions (no size a multiple of a tile, M or N of 1, batched, every layout and
@@ -128,4 +135,10 @@ AWKWARD = (
     Matmul(37, 29, 53, trans_b=True, norm_eps=1e-6),
     Matmul(1, 45, 70, dtype="fp32", epilogue=(BiasAdd(), Binary("add", Input("mn", "fp32"))), norm_eps=1e-5),
     Matmul(9, 130, 72, dtype="bf16", trans_b=True, norm_eps=1e-6),
+    # a LayerNorm prologue: one row with a bias and GELU over a [K, N] weight, rows past a tile
+    # with a residual, bf16, K not a multiple of a step
+    Matmul(1, 45, 70, epilogue=(BiasAdd(), Gelu()), norm_eps=1e-5, layer_norm=True),
+    Matmul(37, 29, 53, dtype="fp32", trans_b=True, epilogue=(Binary("add", Input("mn", "fp32")),),
+           norm_eps=1e-5, layer_norm=True),
+    Matmul(9, 130, 72, dtype="bf16", trans_b=True, norm_eps=1e-6, layer_norm=True),
 )

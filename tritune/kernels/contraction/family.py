@@ -10,7 +10,7 @@ from tritune.kernels.contraction.expr import AWKWARD, Matmul
 from tritune.kernels.epilogue import apply, apply_
 from tritune.kernels.expr import DTYPE_BYTES, TOLERANCE, ExprError, check_dtype, check_options, parse_dims, torch_dtype
 from tritune.kernels.family import Family, Operands
-from tritune.kernels.norm import rms_norm
+from tritune.kernels.norm import normed
 from tritune.kernels.pointwise import GRAMMAR, parse_epilogue
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits, Space
@@ -75,7 +75,7 @@ class ContractionFamily(Family):
     def inputs(self, expr: Matmul, seed: int, device: str) -> Operands:
         """a, b, a NaN output, then the bias (None without one, where extra inputs follow) and the
         epilogue's extra inputs: a [B, M, N] residual, [M] or [N] vectors, each in its dtype; with a
-        row norm, its weight [K] last."""
+        row norm, its weight [K] (LayerNorm: and its bias [K]) last."""
         import torch
 
         gen = torch.Generator(device=device).manual_seed(seed)
@@ -88,15 +88,15 @@ class ContractionFamily(Family):
         b = rand(bm, n, k).transpose(1, 2) if expr.trans_b else rand(bm, k, n)
         c = torch.full((bm, m, n), float("nan"), device=device, dtype=torch_dtype(expr.dtype))
         extra = tuple(rand(*{"mn": (bm, m, n), "m": (m,), "n": (n,)}[i.shape], dtype=i.dtype) for i in expr.inputs)
-        normed = expr.norm_eps is not None
-        bias = (rand(n),) if expr.has_bias else (None,) if extra or normed else ()
-        return Operands((a, b, c, *bias, *extra, *((rand(k),) if normed else ())), c)
+        norms = tuple(rand(k) for _ in range(launch.norm_tensors(expr)))
+        bias = (rand(n),) if expr.has_bias else (None,) if extra or norms else ()
+        return Operands((a, b, c, *bias, *extra, *norms), c)
 
     def reference(self, expr: Matmul, args: tuple) -> Any:
         import torch
 
-        bias, extra, g = _epilogue_args(expr, args)
-        a = args[0].double() if g is None else rms_norm(args[0].double(), g.double(), expr.norm_eps)
+        bias, extra, norms = _epilogue_args(expr, args)
+        a = _normed(expr, args[0].double(), tuple(t.double() for t in norms))
         out = torch.matmul(a, args[1].double())
         return apply(expr.epilogue, out, None if bias is None else bias.double(), [t.double() for t in extra])
 
@@ -104,8 +104,8 @@ class ContractionFamily(Family):
         import torch
 
         a, b, c = x.args[:3]
-        bias, extra, g = _epilogue_args(expr, x.args)
-        return lambda: apply(expr.epilogue, torch.matmul(_normed(expr, a, g), b, out=c), bias, extra)
+        bias, extra, norms = _epilogue_args(expr, x.args)
+        return lambda: apply(expr.epilogue, torch.matmul(_normed(expr, a, norms), b, out=c), bias, extra)
 
     def libraries(self, expr: Matmul) -> tuple[str, ...]:
         """cuBLAS through torch: mm / bmm with the epilogue after it; addmm / baddbmm with the bias
@@ -121,8 +121,8 @@ class ContractionFamily(Family):
         gelu = any(s.name == "gelu" for s in expr.epilogue)
 
         def run(a: Any, b: Any, c: Any, bias: Any = None, *inputs: Any) -> Any:
-            _, inputs, g = _epilogue_args(expr, (a, b, c, bias, *inputs))
-            a = _normed(expr, a, g)
+            _, inputs, norms = _epilogue_args(expr, (a, b, c, bias, *inputs))
+            a = _normed(expr, a, norms)
             if expr.batch == 1 and c.dim() == 3:  # 2-D calls on the single batch entry
                 a, b, c = (t[0] if t.dim() == 3 else t for t in (a, b, c))
             elif c.dim() == 3:  # a 2-D operand broadcast over the batch (a stride-0 view)
@@ -142,8 +142,8 @@ class ContractionFamily(Family):
         import torch
 
         def run(a: Any, b: Any, c: Any, bias: Any = None, *inputs: Any) -> Any:
-            _, inputs, g = _epilogue_args(expr, (a, b, c, bias, *inputs))
-            return apply(expr.epilogue, torch.matmul(_normed(expr, a, g), b), bias, inputs)
+            _, inputs, norms = _epilogue_args(expr, (a, b, c, bias, *inputs))
+            return apply(expr.epilogue, torch.matmul(_normed(expr, a, norms), b), bias, inputs)
         return run
 
     def tolerance(self, expr: Matmul) -> float:
@@ -171,15 +171,15 @@ def _library_steps(expr: Matmul, name: str) -> tuple[float, tuple] | None:
     return None
 
 
-def _epilogue_args(expr: Matmul, args: tuple) -> tuple[Any, tuple, Any]:
-    """(bias or None, extra inputs, row-norm weight or None) of a contraction's kernel args (a, b,
-    out[, bias, *inputs][, g])."""
-    rest = tuple(args[4:])
-    if expr.norm_eps is None:
-        return (args[3] if len(args) > 3 else None), rest, None
-    return args[3], rest[:-1], rest[-1]
+def _epilogue_args(expr: Matmul, args: tuple) -> tuple[Any, tuple, tuple]:
+    """(bias or None, extra inputs, the row norm's tensors: none, its weight, or LayerNorm's weight
+    and bias) of a contraction's kernel args (a, b, out[, bias, *inputs][, g[, gb]])."""
+    rest, norms = tuple(args[4:]), launch.norm_tensors(expr)
+    if not norms:
+        return (args[3] if len(args) > 3 else None), rest, ()
+    return args[3], rest[:-norms], rest[-norms:]
 
 
-def _normed(expr: Matmul, a: Any, g: Any) -> Any:
+def _normed(expr: Matmul, a: Any, norms: tuple) -> Any:
     """A as the contraction reads it: through the row norm, if any."""
-    return a if g is None else rms_norm(a, g, expr.norm_eps)
+    return normed(a, norms, expr.norm_eps, expr.layer_norm)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tritune.kernels import norm
 from tritune.kernels.codegen import Binary, Launcher, divisibility, use_torch_scratch
 from tritune.kernels.contraction import template
 from tritune.kernels.contraction.expr import Matmul
@@ -25,14 +26,15 @@ class Problem:
 
     batch: int
     ints: tuple[int, ...]  # M, N, K, 9 strides (A, B, C), bias stride, the extra inputs' strides
-    aligned: tuple[bool, ...]  # A, B, C, BIAS, then each extra input's data pointer 16-byte aligned, then G's
+    aligned: tuple[bool, ...]  # A, B, C, BIAS, then each extra input's data pointer 16-byte aligned, then the norm's
 
     def stride(self, name: str) -> int:
         """One stride by its kernel argument name, e.g. 'stride_am'."""
         return self.ints[INT_NAMES.index(name)]
 
 
-POINTER_NAMES = ("A", "B", "C", "BIAS")  # then WS, LOCKS: split-K scratch, always aligned; then E0, E1, ..; G
+POINTER_NAMES = ("A", "B", "C", "BIAS")  # then WS, LOCKS: split-K scratch, always aligned; then E0, E1, ..; G[, GB]
+NORM_POINTERS = ("G", "GB")  # a row norm's weight, a LayerNorm's bias
 INT_NAMES = template.INT_NAMES
 
 
@@ -45,19 +47,24 @@ def canonical_problem(expr: Matmul) -> Problem:
     # extra inputs as `inputs` allocates them: a contiguous [B, M, N] residual, contiguous vectors
     extra = [s for inp in expr.inputs for s in ((m * n, n, 1) if inp.shape == "mn" else (1,))]
     return Problem(expr.batch, (m, n, k, *a, *b, *c, 1 if expr.has_bias else 0, *extra),
-                   (True,) * (4 + len(expr.inputs) + (expr.norm_eps is not None)))
+                   (True,) * (4 + len(expr.inputs) + norm_tensors(expr)))
+
+
+def norm_tensors(expr: Matmul) -> int:
+    """How many tensors a launch's row norm adds after the epilogue's inputs (`norm.tensors`)."""
+    return norm.tensors(expr.norm_eps, expr.layer_norm)
 
 
 def epilogue_inputs(expr: Matmul, inputs: tuple) -> tuple:
-    """The epilogue's extra inputs among a launch's trailing tensors (a row norm's weight comes last)."""
-    return inputs[:-1] if expr.norm_eps is not None else inputs
+    """The epilogue's extra inputs among a launch's trailing tensors (a row norm's come last)."""
+    return inputs[:len(inputs) - norm_tensors(expr)]
 
 
 def ints_of(expr: Matmul, a: Any, b: Any, c: Any, bias: Any = None, *inputs: Any) -> tuple[int, ...]:
     """The kernel's integer arguments for torch tensors (2-D, or 3-D with a leading batch
     dimension; real or fake: only shapes and strides are read); `inputs` are the epilogue's extra
     inputs in order (`expr.inputs`): a residual 2-D (shared by the batch) or 3-D, vectors 1-D; then,
-    with a row norm, its weight (no integer arguments of its own)."""
+    with a row norm, its weight (LayerNorm: and bias; no integer arguments of their own)."""
     inputs = epilogue_inputs(expr, inputs)
 
     def strides(t: Any) -> tuple[int, ...]:
@@ -135,8 +142,9 @@ def binary(expr: Matmul, config: Config, problem: Problem) -> Binary:
     pointers = tuple((name, expr.dtype, aligned) for name, aligned in zip(POINTER_NAMES, problem.aligned))
     pointers += (("WS", "fp32", True), ("LOCKS", "i32", True))
     pointers += tuple((f"E{i}", inp.dtype, aligned) for i, (inp, aligned) in enumerate(zip(expr.inputs, problem.aligned[4:])))
-    if expr.norm_eps is not None:
-        pointers += (("G", expr.dtype, problem.aligned[-1]),)
+    norms = norm_tensors(expr)
+    pointers += tuple((name, expr.dtype, aligned) for name, aligned in zip(NORM_POINTERS[:norms],
+                                                                          problem.aligned[len(problem.aligned) - norms:]))
     names = INT_NAMES + template.input_int_names(expr)
     ints = tuple((name, v, divisibility(v)) for name, v in zip(names, problem.ints))
     return Binary(fn, pointers, ints, tuple(constexprs(expr, config).items()), launch_options(config))
@@ -182,7 +190,7 @@ class Kernel:
 
     def __call__(self, a: Any, b: Any, c: Any, bias: Any = None, *inputs: Any) -> None:
         """Launch on tensors whose problem matches the one this kernel was built for (`inputs`: the
-        epilogue's, then a row norm's weight)."""
+        epilogue's, then a row norm's weight and LayerNorm's bias)."""
         scratch = self._scratch
         if scratch is None:
             scratch = self._scratch = self._allocate(a.device)

@@ -93,7 +93,7 @@ PDL_WAIT = '''    if PDL:
         tl.extra.cuda.gdc_launch_dependents()
 '''
 
-_TEMPLATE = PRELUDE + '''
+_TEMPLATE = PRELUDE + '''{norm_helpers}
 
 @triton.jit
 def _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
@@ -297,16 +297,18 @@ def source(expr: Matmul, specialize: bool = False) -> str:
         tma_descriptors=descs.rstrip("\n"),
         tma_loads=loads.rstrip("\n"),
         pdl_wait=PDL_WAIT, trans_b=expr.trans_b,
-        **norm_fields(expr.norm_eps),
+        **norm_fields(expr.norm_eps, expr.layer_norm),
     )
 
 
-def norm_fields(eps: float | None) -> dict[str, str]:
+def norm_fields(eps: float | None, layer: bool = False) -> dict[str, str]:
     """The template's row-norm prologue (`tritune.kernels.norm`), empty without one."""
-    return {"norm_param": norm.param(eps), "norm_init": norm.init(eps, "    "),
-            "norm_apply": norm.apply(eps, "a", " " * 12), "norm_returned": norm.returned(eps),
-            "norm_pointer": "" if eps is None else " G,", "norm_arg": norm.param(eps),
-            "norm_scale_persistent": norm.scale(eps, ("acc",), " " * 12), "norm_scale": norm.scale(eps, ("acc",), " " * 8)}
+    return {"norm_param": norm.param(eps, layer), "norm_init": norm.init(eps, "    ", layer),
+            "norm_apply": norm.apply(eps, "a", " " * 12, layer), "norm_returned": norm.returned(eps, layer),
+            "norm_pointer": norm.param(eps, layer).lstrip(",") + ("," if eps is not None else ""),
+            "norm_arg": norm.param(eps, layer), "norm_helpers": norm.helpers(eps, layer),
+            "norm_scale_persistent": norm.scale(eps, ("acc",), " " * 12, layer),
+            "norm_scale": norm.scale(eps, ("acc",), " " * 8, layer)}
 
 
 def load(expr: Matmul, specialize: bool = False) -> Any:

@@ -5,21 +5,26 @@ Mistral write it,
     y  = xf * rsqrt(mean(xf ** 2, -1, keepdim) + eps)
     out = g * y.to(x.dtype)                             (or y * g; the cast absent for fp32)
 
+and LayerNorm as torch's module runs it, `out = native_layer_norm(x, [K], g, b, eps)[0]`.
+
 When every reader of `out` (through views) is the input of one site (a projection, a gated pair,
-the q/k/v of a wide group), the site takes the norm into its kernel's prologue
-(`tritune.kernels.norm`): it reads x and g, and the norm's own kernel disappears from the graph.
+the q/k/v of a wide group; for LayerNorm, a projection), the site takes the norm into its kernel's
+prologue (`tritune.kernels.norm`): it reads x and g (LayerNorm: and b), and the norm's own kernel
+disappears from the graph.
 A norm with other readers stays a kernel, and the site reads its output as before. So does a
 norm over more than MAX_ROWS rows: there the GEMM is bound by its arithmetic, which the prologue's
 per-tile scaling slows more than the norm's own kernel costs.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.fx as fx
 
+from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.expr import ExprError
 from tritune.kernels.frontend.epilogue_match import ALIASES, MAX_NODES, VIEWS, static, val
 from tritune.kernels.frontend.helpers import DTYPE_NAMES
@@ -34,11 +39,18 @@ MAX_ROWS = 64
 
 @dataclass(frozen=True)
 class Norm:
-    """An RMSNorm a site reads its input through: its input `x`, weight `g` ([K]) and epsilon."""
+    """A row norm a site reads its input through: its input `x`, weight `g` ([K]) and epsilon; a
+    LayerNorm's bias `b` ([K]), None for an RMSNorm."""
 
     x: fx.Node
     g: fx.Node
     eps: float
+    b: fx.Node | None = None
+
+    @property
+    def tensors(self) -> tuple[fx.Node, ...]:
+        """What the site's kernel reads besides x, in its argument order."""
+        return (self.g,) if self.b is None else (self.g, self.b)
 
 
 def with_norm(site: Any, inputs: tuple[fx.Node, ...]) -> Any:
@@ -48,24 +60,30 @@ def with_norm(site: Any, inputs: tuple[fx.Node, ...]) -> Any:
     if site.expr.m > MAX_ROWS:
         return site
     out = _viewed(inputs[0])
-    norm = rms_norm_of(out)
+    norm = rms_norm_of(out) or layer_norm_of(out)
     if norm is None or not _only_read_by(out, set(inputs)):
         return site
-    x, g, expr = val(norm.x), val(norm.g), site.expr
-    if not static(x, g) or DTYPE_NAMES.get(str(x.dtype)) != expr.dtype or g.dtype != x.dtype:
+    layer, x, expr = norm.b is not None, val(norm.x), site.expr
+    if layer and not isinstance(expr, Matmul):  # only the plain contraction has LayerNorm's prologue
+        return site
+    weights = [val(t) for t in norm.tensors]
+    if not static(x, *weights) or DTYPE_NAMES.get(str(x.dtype)) != expr.dtype or any(
+            w.dtype != x.dtype or w.shape != (expr.k,) for w in weights):
         return site
     # the kernel reads x as the [M, K] rows the site's input had: a view of a contiguous x
-    if g.shape != (expr.k,) or not x.is_contiguous() or x.numel() != val(inputs[0]).numel() or x.shape[-1] != expr.k:
+    if not x.is_contiguous() or x.numel() != val(inputs[0]).numel() or x.shape[-1] != expr.k:
         return site
     try:
-        return replace(site, expr=replace(expr, norm_eps=norm.eps), norm=norm)
+        return replace(site, expr=replace(expr, norm_eps=norm.eps, **({"layer_norm": True} if layer else {})),
+                       norm=norm)
     except ExprError:
         return site
 
 
 def without_norm(site: Any) -> Any:
     """A site that took a norm into its kernel as it was before (the norm a kernel of its own)."""
-    return replace(site, expr=replace(site.expr, norm_eps=None), norm=None)
+    layer = {"layer_norm": False} if isinstance(site.expr, Matmul) else {}
+    return replace(site, expr=replace(site.expr, norm_eps=None, **layer), norm=None)
 
 
 def rms_norm_of(node: fx.Node) -> Norm | None:
@@ -80,6 +98,19 @@ def rms_norm_of(node: fx.Node) -> Norm | None:
         if found is not None:
             return Norm(found[0], g, found[1])
     return None
+
+
+def layer_norm_of(node: fx.Node) -> Norm | None:
+    """The LayerNorm over the last dimension, with a weight and a bias, whose normalised rows
+    `node` is (`native_layer_norm(x, [K], g, b, eps)[0]`), or None."""
+    if not (_is(node, operator.getitem) and node.args[1] == 0 and _is(node.args[0], A.native_layer_norm.default)):
+        return None
+    x, shape, g, b, eps = node.args[0].args[:5]
+    if not all(isinstance(t, fx.Node) for t in (x, g, b)) or list(shape) != [val(x).shape[-1]]:
+        return None
+    if any(val(t).dim() != 1 for t in (g, b)) or not isinstance(eps, (int, float)):
+        return None
+    return Norm(x, g, float(eps), b)
 
 
 def _scaled(node: Any) -> tuple[fx.Node, float] | None:

@@ -36,11 +36,11 @@ class GraphEdit:
     def read_through(self, m: Any, read: fx.Node) -> tuple[fx.Node, tuple]:
         """The input a site's kernel reads, and its op's trailing arguments: `read` itself and none,
         or, where the site took a row norm into its kernel, the norm's input shaped as `read` and
-        the norm's weight (the norm's own nodes are left to dead-code elimination)."""
+        the norm's weight (LayerNorm: and bias; the norm's own nodes are left to dead-code elimination)."""
         if m.norm is None:
             return self.get(read), ()
         x = self.shaped(self.get(m.norm.x), graph.val(m.norm.x), list(graph.val(read).shape))
-        return x, (self.get(m.norm.g),)
+        return x, tuple(self.get(t) for t in m.norm.tensors)
 
     def shaped(self, node: fx.Node, value: Any, shape: list[int]) -> fx.Node:
         """`node` reshaped to `shape` (itself where it has that shape already)."""

@@ -98,17 +98,18 @@ class Site(_Launched):
         self.slots = launch.tiles(expr, config) * expr.batch
         self.ws = self.slots * config.get("SPLIT_K", 1) * config["BLOCK_M"] * config["BLOCK_N"]
 
-    def fits(self, a: Any, b: Any, out: Any, bias: Any, inputs: list, norm: Any = None) -> bool:
+    def fits(self, a: Any, b: Any, out: Any, bias: Any, inputs: list, norm: Any = None,
+             norm_bias: Any = None) -> bool:
         """Whether the operands have the layout the kernel was tuned for (and, for tensor-descriptor
         loads, the strides those need), start aligned (`aligned`), and the extra inputs the
-        epilogue's kinds and dtypes (and the norm weight the norm's)."""
+        epilogue's kinds and dtypes (and the norm's weight and bias the norm's)."""
         expr, tma = self.expr, self.config.get("TMA", 0)
         if layout_of(a) is not expr.trans_a or layout_of(b) is not expr.trans_b or not aligned(a, b, bias, *inputs):
             return False
-        if input_problem(expr, inputs, out.shape) or not norm_fits(expr, norm):
+        if input_problem(expr, inputs, out.shape) or not norm_fits(expr, norm, norm_bias):
             return False
-        problem = launch.Problem(expr.batch, launch.ints_of(expr, a, b, out, bias, *_trailing(inputs, norm)),
-                                 (True,) * 4)
+        trailing = _trailing(inputs, norm, norm_bias)
+        problem = launch.Problem(expr.batch, launch.ints_of(expr, a, b, out, bias, *trailing), (True,) * 4)
         return not tma or launch.tma_unfit(expr, problem, store=tma == 2) is None
 
     def empty_out(self, a: Any, b: Any) -> Any:
@@ -116,12 +117,12 @@ class Site(_Launched):
         expr = self.expr
         return a.new_empty((expr.batch, expr.m, expr.n) if 3 in (a.dim(), b.dim()) else (expr.m, expr.n))
 
-    def __call__(self, a: Any, b: Any, bias: Any, inputs: list, norm: Any = None) -> Any:
+    def __call__(self, a: Any, b: Any, bias: Any, inputs: list, norm: Any = None, norm_bias: Any = None) -> Any:
         expr, out = self.expr, self.empty_out(a, b)
-        if not self.fits(a, b, out, bias, inputs, norm):
+        if not self.fits(a, b, out, bias, inputs, norm, norm_bias):
             _misfit(self)
-            return MATMUL.expression(expr)(a, b, out, bias, *_trailing(inputs, norm))
-        inputs = _trailing(inputs, norm)  # the kernel takes the norm weight after the epilogue's inputs
+            return MATMUL.expression(expr)(a, b, out, bias, *_trailing(inputs, norm, norm_bias))
+        inputs = _trailing(inputs, norm, norm_bias)  # the kernel takes the norm's tensors after the epilogue's inputs
         # split-K's scratch and the bias: what the kernel never touches is None, which Triton
         # specialises away (no allocation, no zeroing launch, no pointer to pass: each is host time
         # on every call of a compiled model)
@@ -261,15 +262,17 @@ class AttentionSite(_OneKernel):
         return kind == e.mask and attention_match.mask_dims(mask, (e.batch, e.heads, e.lq, e.lk)) == e.mask_dims
 
 
-def norm_fits(expr: Any, norm: Any) -> bool:
-    """Whether a call's norm weight is what the site was tuned for: none without a norm, else a
-    contiguous, aligned [K] vector in the tuned dtype."""
-    if expr.norm_eps is None or norm is None:
-        return expr.norm_eps is None and norm is None
-    return (norm.dim() == 1 and norm.shape[0] == expr.k and norm.stride(0) == 1 and aligned(norm)
-            and DTYPE_NAMES.get(str(norm.dtype)) == expr.dtype)
+def norm_fits(expr: Any, norm: Any, norm_bias: Any = None) -> bool:
+    """Whether a call's norm weight (and a LayerNorm's bias) is what the site was tuned for: none
+    without a norm, else contiguous, aligned [K] vectors in the tuned dtype."""
+    layer = getattr(expr, "layer_norm", False)
+    if expr.norm_eps is None or norm is None or (norm_bias is None) is layer:
+        return expr.norm_eps is None and norm is None and norm_bias is None
+    return all(t.dim() == 1 and t.shape[0] == expr.k and t.stride(0) == 1 and aligned(t)
+               and DTYPE_NAMES.get(str(t.dtype)) == expr.dtype for t in _trailing((), norm, norm_bias))
 
 
-def _trailing(inputs: Any, norm: Any) -> tuple:
-    """A launch's trailing tensors: the epilogue's inputs, then the norm weight if there is one."""
-    return (*inputs, *(() if norm is None else (norm,)))
+def _trailing(inputs: Any, norm: Any, norm_bias: Any = None) -> tuple:
+    """A launch's trailing tensors: the epilogue's inputs, then the norm's weight and bias, those
+    there are."""
+    return (*inputs, *(t for t in (norm, norm_bias) if t is not None))

@@ -1,6 +1,7 @@
 """The ops a compiled graph calls for tuned sites:
 
-    torch.ops.tritune.matmul(a, b, bias, inputs, spec, norm=None)   epilogue(a @ b [+ bias]), `inputs`
+    torch.ops.tritune.matmul(a, b, bias, inputs, spec, norm=None, norm_bias=None)
+                                                epilogue(a @ b [+ bias]), `inputs`
                                                 the epilogue's extra tensors (expr.inputs order)
     torch.ops.tritune.gated(x, w1, w2, b1, b2, spec, norm=None)     act(x @ w1 [+ b1]) * (x @ w2 [+ b2]),
                                                 w1 and w2 the [K, N] operands of the products
@@ -9,8 +10,9 @@
     torch.ops.tritune.attention(q, k, v, mask, spec)                softmax(scale·q·kᵀ + mask)·v, q [B,H,Lq,D],
                                                 k, v [B,H,Lk,D], mask None or broadcast to [B,H,Lq,Lk]
 
-`norm`: the weight [K] of the RMSNorm the site reads its input (a, x) through, where its
-expression has one (`tritune.kernels.norm`); the input is then the norm's input.
+`norm`: the weight [K] of the row norm the site reads its input (a, x) through, where its
+expression has one (`tritune.kernels.norm`); the input is then the norm's input. `norm_bias`: a
+LayerNorm's bias [K] (a contraction's only).
 
 Each kind of site (a contraction with its epilogue, a gated pair, a wide group, attention) is one
 `SiteKind` of `KINDS`: its match, how the graph is rewritten for it, its replay site and its op. A
@@ -67,9 +69,9 @@ def site(spec: str) -> Any:
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], inputs: list[torch.Tensor],
-           spec: str, norm: Optional[torch.Tensor] = None) -> torch.Tensor:
+           spec: str, norm: Optional[torch.Tensor] = None, norm_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """epilogue(a @ b [+ bias]) by the tuned kernel of `spec` (a fresh contiguous output)."""
-    return site(spec)(a, b, bias, inputs, norm)
+    return site(spec)(a, b, bias, inputs, norm, norm_bias)
 
 
 def gated(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, b1: Optional[torch.Tensor],
@@ -137,7 +139,7 @@ def _unnormed(m: Any) -> tuple:
 
 CONTRACTION = SiteKind(match=graph.Match, expr=Matmul, members=_unnormed, rewrite=rewrites.contraction,
                        site=Site, body=matmul,
-                       fake=lambda a, b, bias, inputs, spec, norm=None: site(spec).empty_out(a, b))
+                       fake=lambda a, b, bias, inputs, spec, norm=None, norm_bias=None: site(spec).empty_out(a, b))
 KINDS = (
     CONTRACTION,
     SiteKind(match=graph.GatedMatch, expr=Gated, members=_projections, rewrite=rewrites.gated,
