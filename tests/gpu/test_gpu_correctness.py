@@ -35,7 +35,8 @@ def _limits() -> Limits:
 def _cases(pairs: list) -> list:
     """pytest params of (expr, config, seed): the seed is the case's place in its list, so that any
     subset (-k) checks each case on the same inputs."""
-    return [pytest.param(e, c, i, id=f"{e.op}-{e.dtype}-{i}" + ("-gemv" if c.get("GEMV", 0) else ""))
+    return [pytest.param(e, c, i, id=f"{e.op}-{e.dtype}-{i}" + ("-gemv" if c.get("GEMV", 0) else "")
+                         + ("-layernorm" if getattr(e, "layer_norm", False) else ""))
             for i, (e, c) in enumerate(pairs)]
 
 
