@@ -173,6 +173,17 @@ def test_the_space_keeps_the_prologue_out_of_split_k_and_warp_specialisation():
         fam.kernel(expr, DECODE.replace(SPLIT_K=2), fam.problem_of(expr, x.args))
 
 
+def test_a_layernorm_prologue_may_split_along_k_but_is_never_warp_specialised():
+    # its statistics come before the main loop, so each K slice normalises its own tiles
+    fam, limits = family("matmul"), Limits(*Limits.KNOWN[(9, 0)])
+    expr = Matmul(16, 2048, 2048, trans_b=True, norm_eps=1e-5, layer_norm=True)
+    sample = fam.space(expr, limits).sample(__import__("numpy").random.default_rng(0), 400)
+    assert any(c.get("SPLIT_K", 1) > 1 for c in sample) and not any(c.get("WARP_SPEC", 0) for c in sample)
+    for extra in (dict(SPLIT_K=3), dict(SPLIT_K=2, TMA=1), dict(SPLIT_K=2, GEMV=1, BLOCK_M=1)):
+        err, tol = run_case(Matmul(3, 40, 200, norm_eps=1e-5, layer_norm=True, epilogue=(BiasAdd(),)), TILE.replace(**extra))
+        assert err <= tol
+
+
 def test_the_prologue_builds_for_sm90_tuned_and_replayed():
     cases = [(Matmul(16, 32000, 2048, trans_b=True, norm_eps=1e-6), DECODE),
              (Matmul(16, 32000, 2048, trans_b=True, norm_eps=1e-6), DECODE.replace(TMA=1)),
@@ -184,8 +195,8 @@ def test_the_prologue_builds_for_sm90_tuned_and_replayed():
              (Gated(16, 5632, 2048, norm_eps=1e-6), DECODE.replace(FUSE=0, TMA=1)),
              (Gated(16, 5632, 2048, norm_eps=1e-6), DECODE.replace(FUSE=1, SPLIT_K=4)),
              (Gated(16, 5632, 2048, norm_eps=1e-6, dtype="bf16"), DECODE.replace(FUSE=0, TMA=1, SPLIT_K=2)),
-             (Matmul(16, 2304, 768, norm_eps=1e-5, layer_norm=True, epilogue=(BiasAdd(),)), DECODE),
-             (Matmul(1, 3072, 768, norm_eps=1e-5, layer_norm=True), GEMV_KN),
+             (Matmul(16, 2304, 768, norm_eps=1e-5, layer_norm=True, epilogue=(BiasAdd(),)), DECODE.replace(SPLIT_K=3)),
+             (Matmul(1, 3072, 768, norm_eps=1e-5, layer_norm=True), GEMV_KN.replace(SPLIT_K=4)),
              (Matmul(1, 50257, 768, trans_b=True, norm_eps=1e-5, layer_norm=True, dtype="bf16"), GEMV_NK),
              (Matmul(16, 50257, 768, trans_b=True, norm_eps=1e-5, layer_norm=True), DECODE.replace(TMA=1))]
     tuned = build_sm90(cases)

@@ -81,6 +81,7 @@ def norm_cases() -> list:
         layer = Matmul(m, 3000, 776, dtype=dtype, trans_b=m == 16, epilogue=epi[:1] + (Gelu(),), norm_eps=1e-5,
                        layer_norm=True)
         out.append((layer, SMALL.replace(UNROLL=1, BLOCK_K=32 if dtype == "fp32" else 128, **next(loops))))
+        out.append((layer, SMALL.replace(UNROLL=1, BLOCK_K=32 if dtype == "fp32" else 128, SPLIT_K=3)))
     return out
 
 
@@ -151,7 +152,8 @@ def gemv_cases() -> list:
                 (Matmul(3, 1000, 2048, dtype=dtype), tile.replace(BLOCK_M=4, BLOCK_N=64, BLOCK_K=32, SPLIT_K=4)),
                 (Matmul(1, 4000, 1030, dtype=dtype, epilogue=(BiasAdd(),)), tile.replace(BLOCK_N=128, BLOCK_K=64, num_stages=4)),
                 (Matmul(1, 4000, 2048, dtype=dtype, trans_b=True, norm_eps=1e-6), tile.replace(BLOCK_N=8, BLOCK_K=512)),
-                (Matmul(1, 3000, 776, dtype=dtype, norm_eps=1e-5, layer_norm=True), tile.replace(BLOCK_N=64, BLOCK_K=32)),
+                (Matmul(1, 3000, 776, dtype=dtype, norm_eps=1e-5, layer_norm=True), tile.replace(BLOCK_N=64, BLOCK_K=32,
+                                                                                                SPLIT_K=4)),
                 (Matmul(2, 3000, 776, dtype=dtype, trans_b=True, epilogue=(BiasAdd(),), norm_eps=1e-5, layer_norm=True),
                  tile.replace(BLOCK_M=2, BLOCK_N=4)),
                 (Wide(1, (2048, 512, 520), 2048, dtype=dtype, norm_eps=1e-6), tile.replace(BLOCK_N=8)),

@@ -14,8 +14,8 @@ LayerNorm: the row's mean is needed before any tile can be normalised, so the ke
 its rows once (`_row_stats`: a few rows of at most a few thousand elements, just written by the
 previous kernel and still in L2) for their mean and 1/std, then normalises each input tile in the
 main loop exactly as the norm would write it (rounded to the input's dtype) before the product.
-Every statistic is whole before the loop, so nothing needs the whole K loop but the space keeps
-LayerNorm to the RMSNorm's rules (no split-K, no warp specialisation).
+Every statistic is whole before the loop, so a LayerNorm prologue may be split along K (each
+slice reads the rows' statistics itself); neither prologue is warp-specialised.
 """
 from __future__ import annotations
 

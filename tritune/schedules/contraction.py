@@ -126,14 +126,18 @@ def shared_estimate(config: Config, element_bytes: int, b_tiles: int = 1) -> int
 
 
 def contraction_space(m: int, n: int, k: int, element_bytes: int, limits: Limits, batch: int = 1,
-                 tma: int = 0, b_tiles: int = 1, norm: bool = False, k_last: bool = True) -> Space:
+                 tma: int = 0, b_tiles: int = 1, norm: bool = False, k_last: bool = True,
+                 prologue: bool = False) -> Space:
     """The space for a (batch of) M x N x K contraction; constraints prune what cannot run or is
     redundant. `tma`: the largest TMA value the layout allows (1: loads, 2: the store too);
     `b_tiles`: B tiles (and accumulators) per step, 2 for a dual GEMM sharing A; `norm`: A's rows
     are read through a row norm, whose statistics need the whole K loop in one program; `k_last`:
-    the weight (B) is stored [N, K], K contiguous, else [K, N] (a GEMV's tiles follow its rows).
+    the weight (B) is stored [N, K], K contiguous, else [K, N] (a GEMV's tiles follow its rows);
+    `prologue`: the main loop rewrites each input tile (a LayerNorm's, whose statistics come
+    before the loop: split-K stays), so no warp specialisation.
     """
-    p = _Problem(m, n, k, element_bytes, batch, limits, b_tiles=b_tiles, norm=norm, k_last=k_last)
+    p = _Problem(m, n, k, element_bytes, batch, limits, b_tiles=b_tiles, norm=norm, k_last=k_last,
+                 prologue=prologue or norm)
     knobs = KNOBS + EXTENSIONS + ((PDL,) if limits.pdl else ())
     if m <= GEMV_MAX_ROWS:
         rows = _pow2_ceil(m)
@@ -168,7 +172,8 @@ class _Problem:
     limits: Limits
     min_dim: int = 16  # tl.dot needs every tile dimension >= 16
     b_tiles: int = 1  # B tiles loaded, and accumulators held, per step
-    norm: bool = False  # a row-norm prologue (tritune.kernels.norm)
+    norm: bool = False  # a row-norm prologue whose statistics need the whole K loop (tritune.kernels.norm)
+    prologue: bool = False  # the main loop rewrites each input tile (every row-norm prologue)
     k_last: bool = True  # the weight is stored [N, K] (K contiguous), else [K, N]
 
     def tiles(self, c: Config) -> int:
@@ -292,8 +297,10 @@ class _Problem:
         return None
 
     def norm_prologue(self, c: Config) -> str | None:
-        if self.norm and (c.get("SPLIT_K", 1) > 1 or c.get("WARP_SPEC", 0)):
-            return "a row-norm prologue needs the whole K loop in one program, its input tile in every warp"
+        if self.norm and c.get("SPLIT_K", 1) > 1:
+            return "a row-norm prologue whose statistics need the whole K loop runs it in one program"
+        if self.prologue and c.get("WARP_SPEC", 0):
+            return "a row-norm prologue needs its input tile in every warp: no warp specialisation"
         return None
 
     def warp_spec(self, c: Config) -> str | None:

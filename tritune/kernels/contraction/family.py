@@ -61,7 +61,8 @@ class ContractionFamily(Family):
         problem = launch.canonical_problem(expr)
         tma = 0 if launch.tma_unfit(expr, problem) else 1 if launch.tma_unfit(expr, problem, store=True) else 2
         return contraction_space(expr.m, expr.n, expr.k, DTYPE_BYTES[expr.dtype], limits, batch=expr.batch, tma=tma,
-                                 norm=expr.norm_eps is not None, k_last=expr.trans_b)
+                                 norm=expr.norm_eps is not None and not expr.layer_norm, k_last=expr.trans_b,
+                                 prologue=expr.norm_eps is not None)
 
     def features(self, expr: Matmul, limits: Limits, configs: Sequence[Config]) -> np.ndarray:
         from tritune.kernels.contraction.features import features
