@@ -1,7 +1,6 @@
 """How deep the tuning loop's pipeline runs: with room in the compile pool, more than two rounds are in
-flight, and a fresh run starts RUN_AHEAD_ROUNDS rounds ahead of its results; compiles that finish
-first are measured first. Builds are futures the tests complete themselves, and the loop is caught
-where it waits (no sleeps, no clocks)."""
+flight; compiles that finish first are measured first. Builds are futures the tests complete
+themselves, and the loop is caught where it waits (no sleeps, no clocks)."""
 import threading
 from concurrent.futures import Future
 
@@ -14,7 +13,7 @@ from tritune.search import make_strategy
 from tritune.tuner import tuner as tuner_module
 from tritune.tuner.builder import BuildResult
 from tritune.tuner.measurer import Measurer
-from tritune.tuner.tuner import LAG_SHARE, QUEUED_PER_LANE, RUN_AHEAD_ROUNDS, Tuner, in_flight_target
+from tritune.tuner.tuner import LAG_SHARE, QUEUED_PER_LANE, Tuner, in_flight_target
 from test_tuner import EXPR, TASK
 
 ROUND = 8
@@ -90,9 +89,7 @@ def test_the_target_fills_the_pool_and_queues_for_every_lane_as_far_as_the_model
     assert in_flight_target(1, 1, ROUND, 100, 1000) == ROUND  # a small pool: a round, as before
     assert in_flight_target(16, 1, ROUND, 100, 1000) == 16 + QUEUED_PER_LANE
     assert in_flight_target(32, 2, ROUND, 100, 1000) == 32 + 2 * QUEUED_PER_LANE
-    # no more than RUN_AHEAD_ROUNDS rounds beyond the results learned
-    assert in_flight_target(32, 1, ROUND, 10, 1000) == 10 + RUN_AHEAD_ROUNDS * ROUND == 26
-    assert in_flight_target(32, 1, ROUND, 0, 1000) == RUN_AHEAD_ROUNDS * ROUND == 16  # before any result
+    assert in_flight_target(32, 1, ROUND, 20, 1000) == 20  # no more in flight than results learned
     assert in_flight_target(16, 1, ROUND, 100, 128) == 128 // LAG_SHARE == 16  # nor than a share of the budget
     assert in_flight_target(16, 1, ROUND, 0, 64) == in_flight_target(16, 1, ROUND, 100, 64) == ROUND
 
@@ -113,26 +110,12 @@ def test_more_than_two_rounds_are_in_flight_when_the_pool_has_room(tmp_path, mon
     assert len({r.config for r in out}) == 360
 
 
-def test_a_fresh_run_fills_the_pool_beyond_a_round_before_its_first_result(tmp_path, monkeypatch):
-    """Before anything comes back, a 16-process pool at `run`'s 128 trials compiles more than one
-    round (a ramp that waited for results kept one round in flight, most of the pool idle)."""
-    waiting = loop_waits(monkeypatch)
-    builder = HeldBuilder(workers=16)
-    _, thread, out = start(tmp_path, builder, 128)
-    assert waiting.wait(60)  # every compile is held: the loop waits for its first result
-    assert len(builder.built) - 1 > ROUND  # the library, then more than a round
-    builder.finish()
-    thread.join(60)
-    assert len(out) == 128
-
-
-def test_a_fresh_model_runs_ahead_by_a_bounded_amount_then_goes_deep_as_fast_as_it_learns(tmp_path, monkeypatch):
+def test_a_fresh_model_goes_deep_only_as_fast_as_it_learns(tmp_path, monkeypatch):
     waiting = loop_waits(monkeypatch)
     builder = HeldBuilder(workers=32)
     tuner, thread, out = start(tmp_path, builder, 256)
     assert waiting.wait(60)
-    # nothing learned yet: the library and RUN_AHEAD_ROUNDS rounds, not the 34 the pool would take
-    assert len(builder.built) == 1 + RUN_AHEAD_ROUNDS * ROUND == 17
+    assert len(builder.built) == 1 + ROUND  # nothing learned yet: the library and one round
     builder.finish()
     thread.join(60)
     assert len(out) == 256 and ROUND * 2 < tuner.most_in_flight <= 256 // LAG_SHARE + ROUND

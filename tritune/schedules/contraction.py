@@ -134,7 +134,7 @@ def contraction_space(m: int, n: int, k: int, element_bytes: int, limits: Limits
     are read through a row norm, whose statistics need the whole K loop in one program; `k_last`:
     the weight (B) is stored [N, K], K contiguous, else [K, N] (a GEMV's tiles follow its rows);
     `prologue`: the main loop rewrites each input tile (a LayerNorm's, whose statistics come
-    before the loop except in the GEMV path: split-K stays elsewhere), so no warp specialisation.
+    before the loop: split-K stays), so no warp specialisation.
     """
     p = _Problem(m, n, k, element_bytes, batch, limits, b_tiles=b_tiles, norm=norm, k_last=k_last,
                  prologue=prologue or norm)
@@ -297,8 +297,7 @@ class _Problem:
         return None
 
     def norm_prologue(self, c: Config) -> str | None:
-        # a LayerNorm's GEMV path takes its statistics in the main loop, as an RMSNorm's always does
-        if c.get("SPLIT_K", 1) > 1 and (self.norm or (self.prologue and c.get("GEMV", 0))):
+        if self.norm and c.get("SPLIT_K", 1) > 1:
             return "a row-norm prologue whose statistics need the whole K loop runs it in one program"
         if self.prologue and c.get("WARP_SPEC", 0):
             return "a row-norm prologue needs its input tile in every warp: no warp specialisation"

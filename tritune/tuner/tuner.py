@@ -27,26 +27,16 @@ QUEUED_PER_LANE = 2
 # workload may keep that share in flight: GPUs that wait for compiles cost more than the lag.
 LAG_SHARE = 8
 
-# Rounds the proposals may run ahead of the results learned: with none, a run starts with a
-# round in flight and most of the pool idles until results come back (a 16-process pool was busy
-# 61-66% of a 128-trial run, the GPU waiting seconds for compiles). At 128 trials with two, warm
-# sa found 98% of the best in 10 of 10 seeds on each shipped recording with one GPU and a
-# 16-process pool; with two GPUs and 32 processes, in 9 of 10 on the 16x4096x4096 one (10 of 10
-# with one round or none), the recorded-search tests' bar.
-RUN_AHEAD_ROUNDS = 2
-
 
 def in_flight_target(workers: int, lanes: int, round_size: int, learned: int, trials: int, gpus: int = 1) -> int:
     """How many candidates to keep in flight: enough for each of the loop's `workers` compile
     processes (the whole pool, or the loop's part of it where several loops share it:
     `PoolShares`) to have one and every measuring lane (each device measuring this workload)
-    QUEUED_PER_LANE compiled and waiting, but no more than RUN_AHEAD_ROUNDS rounds beyond the
-    results learned so far (the first proposals rest on the prior alone) nor than 1/LAG_SHARE of
-    the budget for each of the `gpus` measuring it; never less than a round (one is measured while
-    the next is proposed)."""
+    QUEUED_PER_LANE compiled and waiting, but no more than the results learned so far (the first
+    proposals rest on the prior alone) nor than 1/LAG_SHARE of the budget for each of the `gpus`
+    measuring it; never less than a round (one is measured while the next is proposed)."""
     busy = workers + QUEUED_PER_LANE * lanes
-    ahead = learned + RUN_AHEAD_ROUNDS * round_size
-    return max(round_size, min(busy, ahead, gpus * trials // LAG_SHARE))
+    return max(round_size, min(busy, learned, gpus * trials // LAG_SHARE))
 
 
 class Tuner:
@@ -59,10 +49,8 @@ class Tuner:
     than `in_flight_target`: one compiling in every process of the pool and a few compiled ones
     waiting for each measuring lane, so that neither the pool nor a GPU waits for the loop, as far
     as the search quality allows (the model lags the candidates in flight behind, which the
-    recorded-search tests hold to account). A run starts RUN_AHEAD_ROUNDS rounds ahead of its
-    results, so that the pool is busy before the first comes back, and goes deeper as it learns.
-    Candidates are measured as their compiles finish, so a slow compile holds up neither the GPU
-    nor the next proposal.
+    recorded-search tests hold to account). Candidates are measured as their compiles finish, so
+    a slow compile holds up neither the GPU nor the next proposal.
 
     Devices and pool: one workload measured on several devices (`run --devices all`) has a lane
     per device, may keep an eighth of the budget in flight for each (two devices starved on

@@ -183,8 +183,8 @@ class Kernel:
             raise ValueError(f"config uses TMA but {why}")
         if expr.norm_eps is not None and config.get("WARP_SPEC", 0):
             raise ValueError("a row-norm prologue needs its input tile in every warp: no warp specialisation")
-        if expr.norm_eps is not None and (not expr.layer_norm or config.get("GEMV", 0)) and config.get("SPLIT_K", 1) > 1:
-            raise ValueError("this row-norm prologue takes its statistics in the main loop: no split-K")
+        if expr.norm_eps is not None and not expr.layer_norm and config.get("SPLIT_K", 1) > 1:
+            raise ValueError("an RMSNorm prologue needs the whole K loop in one program: no split-K")
         self._launcher = Launcher(binary(expr, config, problem), grid(expr, config, current_sms()), target)
         self.compiled = self._launcher.compiled
         self._has_bias = expr.has_bias  # read on every launch: not a property walk each time

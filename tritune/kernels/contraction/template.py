@@ -136,7 +136,7 @@ def _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
             b_ptrs += BLOCK_K * stride_bk
         if GEMV:
             acc = _gemv_sum(products, {trans_b})
-{norm_gemv_finish}    return acc{norm_returned}
+    return acc{norm_returned}
 
 
 @triton.jit
@@ -297,15 +297,14 @@ def source(expr: Matmul, specialize: bool = False) -> str:
         tma_descriptors=descs.rstrip("\n"),
         tma_loads=loads.rstrip("\n"),
         pdl_wait=PDL_WAIT, trans_b=expr.trans_b,
-        **norm_fields(expr.norm_eps, expr.layer_norm, expr.trans_b),
+        **norm_fields(expr.norm_eps, expr.layer_norm),
     )
 
 
-def norm_fields(eps: float | None, layer: bool = False, k_last: bool = True) -> dict[str, str]:
+def norm_fields(eps: float | None, layer: bool = False) -> dict[str, str]:
     """The template's row-norm prologue (`tritune.kernels.norm`), empty without one."""
-    return {"norm_param": norm.param(eps, layer), "norm_init": norm.init(eps, "    ", layer, k_last),
-            "norm_apply": norm.apply(eps, "a", " " * 12, layer, k_last), "norm_returned": norm.returned(eps, layer),
-            "norm_gemv_finish": norm.gemv_finish(eps, " " * 12, layer, k_last),
+    return {"norm_param": norm.param(eps, layer), "norm_init": norm.init(eps, "    ", layer),
+            "norm_apply": norm.apply(eps, "a", " " * 12, layer), "norm_returned": norm.returned(eps, layer),
             "norm_pointer": norm.param(eps, layer).lstrip(",") + ("," if eps is not None else ""),
             "norm_arg": norm.param(eps, layer), "norm_helpers": norm.helpers(eps, layer),
             "norm_scale_persistent": norm.scale(eps, ("acc",), " " * 12, layer),
