@@ -102,8 +102,20 @@ def test_a_norm_with_another_reader_or_a_layernorm_before_a_group_or_over_many_r
     assert [s.norm is None for s in found(Normed(layer=True, n=LAYER_NORM_MAX_WIDTH * 48), x)] == [False]
     assert [s.norm for s in found(Normed(layer=True, n=LAYER_NORM_MAX_WIDTH * 48 + 1), x)] == [None]
     assert [s.norm for s in found(Normed(layer=True), torch.randn(LAYER_NORM_MAX_ROWS + 1, 1, 48))] == [None]
+    assert [s.norm for s in found(LayerNormThenKN(), x)] == [None]  # a [K, N] weight
     assert [s.norm is None for s in found(Normed(), torch.randn(1, MAX_ROWS + 1, 48))] == [True]  # prefill
     assert [s.norm is None for s in found(Normed(), torch.randn(1, MAX_ROWS, 48))] == [False]
+
+
+class LayerNormThenKN(nn.Module):
+    """A LayerNorm before a weight stored [K, N], as GPT-2's Conv1D stores it."""
+
+    def __init__(self, k=48, n=40):
+        super().__init__()
+        self.norm, self.w = nn.LayerNorm(k), nn.Parameter(torch.randn(k, n))
+
+    def forward(self, x):
+        return self.norm(x) @ self.w
 
 
 def test_normed_workloads_round_trip_and_others_keep_their_keys():
