@@ -3,7 +3,8 @@ after it (`epilogue_match`), gated pairs act(x @ W1ᵀ [+ b1]) * (x @ W2ᵀ [+ b
 2 or 3 projections of one input with no epilogue but their bias (q, k, v) as one wide site.
 Outer products (K = 1, e.g. rotary embeddings' position x frequency) are no contraction worth a kernel
 (the backend makes them broadcast multiplies: `outer`).
-A site whose input is an RMSNorm's output read by it alone takes the norm into its kernel (`norm_match`).
+A site whose input is a row norm's output read by it alone (an RMSNorm; a LayerNorm where that pays)
+takes the norm into its kernel (`norm_match`).
 Attention over a few query rows (torch's SDPA in any of its ATen forms) is a site of its own (`attention_match`).
 
 Task extraction and the torch.compile backend match on one normal form (`aten_graph`): the model
@@ -46,7 +47,7 @@ class Match:
     its output replaces the value of `last` (the contraction itself, or the last fused pointwise
     op); `nodes` are those it computes. `unfused` names the elementwise op after `last` that reads
     the result but could not fuse, or is empty. `norm`: the row norm `a` is the output of, taken into
-    the kernel (which then reads the norm's input and weight), or None.
+    the kernel (which then reads the norm's input and weight, and a LayerNorm's bias), or None.
     """
 
     expr: Matmul

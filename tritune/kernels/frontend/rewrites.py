@@ -50,7 +50,7 @@ class GraphEdit:
 
 
 def contraction(edit: GraphEdit, m: graph.Match, spec: str, op: Any) -> None:
-    """op(a, b, bias, inputs, spec[, norm]) in place of the contraction and its fused epilogue, the
+    """op(a, b, bias, inputs, spec[, norm[, norm_bias]]) in place of the contraction and its fused epilogue, the
     bias and inputs shaped as the op takes them."""
     get, expr, out = edit.get, m.expr, graph.val(m.node)
     shapes = {"mn": list(out.shape), "m": [expr.m], "n": [expr.n]}
