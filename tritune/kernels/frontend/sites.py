@@ -31,6 +31,7 @@ from tritune.kernels.frontend import attention_match
 from tritune.kernels.frontend.helpers import DTYPE_NAMES, input_problem, layout_of
 from tritune.kernels.gated import launch as gated_launch
 from tritune.kernels.gated.family import GATED
+from tritune.kernels.norm import tensors
 from tritune.kernels.wide import launch as wide_launch
 from tritune.kernels.wide.family import products
 from tritune.schedules.config import Config
@@ -265,11 +266,11 @@ class AttentionSite(_OneKernel):
 def norm_fits(expr: Any, norm: Any, norm_bias: Any = None) -> bool:
     """Whether a call's norm weight (and a LayerNorm's bias) is what the site was tuned for: none
     without a norm, else contiguous, aligned [K] vectors in the tuned dtype."""
-    layer = getattr(expr, "layer_norm", False)
-    if expr.norm_eps is None or norm is None or (norm_bias is None) is layer:
-        return expr.norm_eps is None and norm is None and norm_bias is None
+    given, wanted = _trailing((), norm, norm_bias), tensors(expr.norm_eps, getattr(expr, "layer_norm", False))
+    if (norm is None and norm_bias is not None) or len(given) != wanted:
+        return False
     return all(t.dim() == 1 and t.shape[0] == expr.k and t.stride(0) == 1 and aligned(t)
-               and DTYPE_NAMES.get(str(t.dtype)) == expr.dtype for t in _trailing((), norm, norm_bias))
+               and DTYPE_NAMES.get(str(t.dtype)) == expr.dtype for t in given)
 
 
 def _trailing(inputs: Any, norm: Any, norm_bias: Any = None) -> tuple:
