@@ -62,3 +62,25 @@ def test_the_tables_give_gb_per_s_and_the_share_of_the_copy_bandwidth():
     assert bandwidth(h2h, 0.004) == ("2,000", "67%")  # 8 MB in 4 us
     assert bandwidth({"bytes": 8_000_000}, 0.004) == ("2,000", "")
     assert bandwidth({}, 0.004) == ("", "")
+
+
+
+def test_weight_streams_up_to_half_a_millisecond_are_timed_in_graphs(monkeypatch):
+    # Launched after the write flush, a memory-bound kernel also pays the write-back of the L2's
+    # dirty lines (~10 us on an H100): a 131 MB LM head (45 us in a graph) read 57 us. Such
+    # kernels go to graphs; compute-bound ones over 50 us (prefill, 4096^3) stay with launches.
+    from tritune.tuner.worker import candidate
+
+    gbps, mb = 3000.0, 10**6
+    cases = ((0.004, 8 * mb, True),  # a decode projection: under SMALL_MS
+             (0.030, 1 * mb, True),  # any kernel under SMALL_MS
+             (0.057, 131 * mb, True),  # the LM head at one row: 44 us of bytes
+             (0.220, 622 * mb, True),  # a 622 MB head
+             (0.200, 100 * mb, False),  # 4096^3 fp16: 33 us of bytes in 200 us
+             (0.400, 270 * mb, False),  # a prefill LM head: compute-bound
+             (0.600, 2000 * mb, False))  # over STREAM_MS: launches
+    monkeypatch.setattr(candidate, "copy_bandwidth_gbps", lambda: gbps)
+    for launched_ms, nbytes, in_graphs in cases:
+        monkeypatch.setattr(candidate, "timed_runs", lambda fn, runs, t=launched_ms: [t] * runs)
+        monkeypatch.setattr(candidate, "nbytes", lambda args, n=nbytes: n)
+        assert candidate.small(lambda: None, ()) is in_graphs, (launched_ms, nbytes)

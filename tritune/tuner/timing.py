@@ -195,6 +195,14 @@ def step_caller(compiled: Callable[..., Any], inputs: Sequence[Any], cuda_graphs
 # launched one by one from Python, a few-microsecond kernel's time is mostly the host's (a 3 us
 # decode projection read 89 us through do_bench against the library's Python call).
 SMALL_MS = 0.05
+# Longer memory-bound kernels (an LM head at decode) pay the write flush instead: the L2's dirty
+# lines (~50 MB) are written back while the timed run reads, ~10 us on an H100. A 1x32000x2048 head
+# (45 us in a graph, 97% of the copy bandwidth) read 57 us launched after the flush, cuBLAS 62
+# against 49 us. So a kernel under STREAM_MS whose operands take at least half its time at the
+# copy bandwidth is timed in graphs too. Compute-bound ones stay with launches: timed in graphs,
+# 4096^3 candidates made the tuning loop slower (17 against 14-15 s for 128 trials, H100), and
+# at prefill every verdict went to the library where launches had found whole-model wins.
+STREAM_MS = 0.5
 ROTATE_L2 = 3  # operand sets that rotate within a graph span this many times the L2 (calls read HBM)
 MAX_SETS = 64
 GRAPH_MS = 2.0  # kernel time captured in one graph
@@ -211,6 +219,12 @@ def operand_sets(make: Callable[[int], Any], set_bytes: int) -> list:
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     n = min(MAX_SETS, max(1, math.ceil(ROTATE_L2 * l2 / max(set_bytes, 1))))
     return [make(i) for i in range(n)]
+
+
+def weight_stream(launched_ms: float, nbytes: int, copy_gbps: float) -> bool:
+    """Whether a kernel of `launched_ms` (launched after the flush) over `nbytes` of operands is a
+    memory-bound kernel short enough to be timed in graphs (see STREAM_MS)."""
+    return launched_ms < STREAM_MS and nbytes / (copy_gbps * 1e6) >= launched_ms / 2
 
 
 def capture(calls: Sequence[Callable[[], Any]], repeats: int) -> Any:
