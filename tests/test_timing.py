@@ -64,11 +64,11 @@ def test_the_tables_give_gb_per_s_and_the_share_of_the_copy_bandwidth():
     assert bandwidth({}, 0.004) == ("", "")
 
 
-
 def test_weight_streams_up_to_half_a_millisecond_are_timed_in_graphs(monkeypatch):
     # Launched after the write flush, a memory-bound kernel also pays the write-back of the L2's
     # dirty lines (~10 us on an H100): a 131 MB LM head (45 us in a graph) read 57 us. Such
     # kernels go to graphs; compute-bound ones over 50 us (prefill, 4096^3) stay with launches.
+    from tritune.tuner import timing
     from tritune.tuner.worker import candidate
 
     gbps, mb = 3000.0, 10**6
@@ -79,7 +79,7 @@ def test_weight_streams_up_to_half_a_millisecond_are_timed_in_graphs(monkeypatch
              (0.200, 100 * mb, False),  # 4096^3 fp16: 33 us of bytes in 200 us
              (0.400, 270 * mb, False),  # a prefill LM head: compute-bound
              (0.600, 2000 * mb, False))  # over STREAM_MS: launches
-    monkeypatch.setattr(candidate, "copy_bandwidth_gbps", lambda: gbps)
+    monkeypatch.setattr(timing, "copy_bandwidth_gbps", lambda: gbps)
     for launched_ms, nbytes, in_graphs in cases:
         monkeypatch.setattr(candidate, "timed_runs", lambda fn, runs, t=launched_ms: [t] * runs)
         monkeypatch.setattr(candidate, "nbytes", lambda args, n=nbytes: n)

@@ -12,6 +12,7 @@ import argparse
 
 from tritune.kernels.family import expr_from_dict, family
 from tritune.schedules.config import Config
+from tritune.tuner.cli.display import bandwidth
 from tritune.tuner.timing import Timing, copy_bandwidth_gbps, graph_median_ms
 
 GEMV = {"GEMV": 1, "BLOCK_M": 1, "BLOCK_N": 4, "BLOCK_K": 512, "GROUP_M": 1, "PERSISTENT": 0, "SPLIT_K": 1,
@@ -48,7 +49,7 @@ def main() -> None:
     expr = expr_from_dict({"op": "matmul", "m": args.m, "n": args.n, "k": args.k, "dtype": "fp16",
                            "trans_b": True, "bias": False})
     fam = family(expr.op)
-    gbps, nbytes = copy_bandwidth_gbps(), args.n * args.k * 2
+    weight = {"bytes": args.n * args.k * 2, "copy_gbps": copy_bandwidth_gbps()}
     config = Config.of(GEMV if args.m <= 4 else MMA)
     for label, sets in variants(expr, fam).items():
         kernel = fam.kernel(expr, config, fam.problem_of(expr, sets[0]))
@@ -57,7 +58,7 @@ def main() -> None:
         line = []
         for name, calls in cells.items():
             ms = graph_median_ms(Timing())(calls)
-            line.append(f"{name} {ms * 1e3:.1f} us ({100 * nbytes / (ms * 1e-3) / 1e9 / gbps:.0f}%)")
+            line.append(f"{name} {ms * 1e3:.1f} us ({bandwidth(weight, ms)[1]})")
         print(f"{expr.describe()} {label}: " + "; ".join(line), flush=True)
 
 

@@ -17,6 +17,7 @@ import multiprocessing
 
 from scripts.probes.decode_gemm_probe import read_ceiling_ms
 from tritune.kernels.codegen import load_source
+from tritune.tuner.cli.display import bandwidth
 from tritune.tuner.timing import (
     Timing,
     copy_bandwidth_gbps,
@@ -79,7 +80,7 @@ def table(ns: list[int], k: int, gbps: float, label: str) -> None:
     """One line per weight size."""
     for n in ns:
         nbytes = n * k * 2
-        pct = lambda ms, b=nbytes: f"{ms * 1e3:.1f} us ({100 * b / (ms * 1e-3) / 1e9 / gbps:.0f}%)"
+        pct = lambda ms, b=nbytes: f"{ms * 1e3:.1f} us ({bandwidth({'bytes': b, 'copy_gbps': gbps}, ms)[1]})"
         cells = {"read ceiling": read_ceiling_ms(nbytes), "mm m=1": mm_ms(n, k), "mm m=16": mm_ms(n, k, 16),
                  "mm m=1 kernel (profiler)": mm_kernel_ms(n, k)}
         for rows, bk, warps in ((1, 2048, 4), (4, 512, 2), (16, 256, 4)):

@@ -221,10 +221,13 @@ def operand_sets(make: Callable[[int], Any], set_bytes: int) -> list:
     return [make(i) for i in range(n)]
 
 
-def weight_stream(launched_ms: float, nbytes: int, copy_gbps: float) -> bool:
-    """Whether a kernel of `launched_ms` (launched after the flush) over `nbytes` of operands is a
-    memory-bound kernel short enough to be timed in graphs (see STREAM_MS)."""
-    return launched_ms < STREAM_MS and nbytes / (copy_gbps * 1e6) >= launched_ms / 2
+def graph_timed(launched_ms: float, nbytes: int) -> bool:
+    """Whether a kernel of `launched_ms` (launched after the flush) over `nbytes` of operands is
+    timed as CUDA-graph replays: under SMALL_MS, or a memory-bound one under STREAM_MS (its bytes at
+    the copy bandwidth, measured only for such kernels, take at least half its time)."""
+    if launched_ms < SMALL_MS:
+        return True
+    return launched_ms < STREAM_MS and nbytes / (copy_bandwidth_gbps() * 1e6) >= launched_ms / 2
 
 
 def capture(calls: Sequence[Callable[[], Any]], repeats: int) -> Any:

@@ -14,17 +14,16 @@ from tritune.schedules.config import Config
 from tritune.tuner.timing import (
     COMPARE,
     LOSER,
-    SMALL_MS,
     Timing,
     copy_bandwidth_gbps,
     graph_candidate,
+    graph_timed,
     in_turns,
     kernel_median_ms,
     operand_sets,
     time_candidate,
     time_fn,
     timed_runs,
-    weight_stream,
 )
 
 
@@ -60,7 +59,7 @@ def measure_candidate(expr: Any, config: Config, seed: int, timing: Timing, best
     if not err <= tol:
         return {"status": Status.WRONG_ANSWER, "message": f"relative error {err:.3g} > {tol:.1g}",
                 "spent": {"check": checked - start}}
-    if small(lambda: kernel(*x.args), x.args):
+    if small(kernel, x.args):
         if "sets" not in _current:
             _current["sets"] = _sets(expr, seed, x.args, expr.key)
         sets = _current["sets"]
@@ -95,12 +94,10 @@ def _workload(expr: Any, seed: int) -> tuple[Any, Any]:
     return x, _current["ref"]
 
 
-def small(fn: Callable[[], Any], args: Any) -> bool:
-    """Whether a kernel over operands `args` runs under SMALL_MS (fastest of three launches, L2
-    flushed), or is a longer weight stream (`timing.weight_stream`): such kernels are timed
-    without the host and the flush, as CUDA-graph replays (`timing.graph_candidate`)."""
-    launched = min(timed_runs(fn, 3))
-    return launched < SMALL_MS or weight_stream(launched, nbytes(args), copy_bandwidth_gbps())
+def small(kernel: Callable[..., Any], args: tuple) -> bool:
+    """Whether `kernel(*args)` (fastest of three launches, L2 flushed) is timed without the host
+    and the flush, as CUDA-graph replays (`timing.graph_timed`, `timing.graph_candidate`)."""
+    return graph_timed(min(timed_runs(lambda: kernel(*args), 3)), nbytes(args))
 
 
 def nbytes(args: Any) -> int:
@@ -142,7 +139,7 @@ def head_to_head(expr: Any, config: Config, seed: int, timing: Timing = COMPARE,
     compiled, why = _ahead.pop(expr.key, None) or _compiled(fam.expression(expr), x.args)
     if compiled is not None:
         fns["torch.compile"] = compiled
-    if small(lambda: ours(*x.args), x.args):
+    if small(ours, x.args):
         times, how = _in_graphs(fns, _sets(expr, seed, x.args, "final"), timing, rounds)
     else:
         calls = {name: (lambda f=f: f(*x.args)) for name, f in fns.items()}
