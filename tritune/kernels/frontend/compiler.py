@@ -30,6 +30,7 @@ from tritune.errors import first_line
 from tritune.kernels.device import device_info, interpreted
 from tritune.kernels.family import device_key
 from tritune.kernels.frontend import graph
+from tritune.kernels.frontend.constants import fold_constants
 from tritune.kernels.frontend.graphs import GraphStep, capturable
 from tritune.kernels.frontend.outer import outer_products
 from tritune.kernels.frontend.rewrites import GraphEdit
@@ -219,8 +220,9 @@ def _resolve(history: Any, site: Matched, info: dict) -> list[tuple[Matched, str
 
 def rewrite(gm: fx.GraphModule, hits: list[tuple[Matched, str]], captured: bool = False) -> None:
     """Replace each matched site (a contraction and its fused epilogue, a gated pair, or a wide
-    group) by one call of its tuned op (its spec), as its kind rewrites it; and outer products by
-    broadcast multiplies (`outer`). `captured`: the graph is replayed from one CUDA graph, where
+    group) by one call of its tuned op (its spec), as its kind rewrites it; outer products by
+    broadcast multiplies (`outer`); and values computed from no input by constants (`constants`:
+    a decoder's causal mask). `captured`: the graph is replayed from one CUDA graph, where
     sites that launch early (PDL) call their op's opaque twin (`tuned_op.SiteKind.op_for`)."""
     from tritune.kernels.frontend import tuned_op  # its import needs a torch that defines triton ops
 
@@ -229,6 +231,7 @@ def rewrite(gm: fx.GraphModule, hits: list[tuple[Matched, str]], captured: bool 
         kind = tuned_op.kind_of(m)
         kind.rewrite(edit, m, spec, kind.op_for(spec, captured))
     outer_products(gm)
+    fold_constants(gm)
     gm.graph.eliminate_dead_code()
     gm.graph.lint()
     gm.recompile()
