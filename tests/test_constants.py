@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch._guards import detect_fake_mode
 
-from tritune.kernels.frontend.constants import PREFIX, fold_constants
+from tritune.kernels.frontend.compiler import _fallback
+from tritune.kernels.frontend.constants import PREFIX, constants_traceable, fold_constants
 from tritune.kernels.frontend.graph import aten_graph
 from tritune.tuner.model import zoo
 
@@ -32,7 +33,8 @@ def _folded(gm):
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
 def test_a_decoders_mask_is_folded_and_its_step_computes_the_same(name):
     # the graph as the backend sees it: Dynamo's, traced to ATen on fake tensors (weights and
-    # buffers are inputs); each call runs it before and after folding on the real inputs
+    # buffers are inputs), folded, then compiled as the fallback compiles it (AOT autograd traces it
+    # again on fake tensors); each call runs it before and after folding on the real inputs
     torch.manual_seed(0)
     model = getattr(zoo, name)(hidden=H, layers=1).eval()
     seen = {}
@@ -41,6 +43,8 @@ def test_a_decoders_mask_is_folded_and_its_step_computes_the_same(name):
         aten = aten_graph(gm, example_inputs, detect_fake_mode(example_inputs))
         folded, seen["count"] = _folded(aten)
         seen["before"], seen["after"] = _targets(aten), _targets(folded)
+        with constants_traceable(example_inputs):
+            folded = _fallback("aot_eager", None)(folded, example_inputs)
 
         def run(*args):
             want, got = aten(*args), folded(*args)

@@ -30,7 +30,7 @@ from tritune.errors import first_line
 from tritune.kernels.device import device_info, interpreted
 from tritune.kernels.family import device_key
 from tritune.kernels.frontend import graph
-from tritune.kernels.frontend.constants import fold_constants
+from tritune.kernels.frontend.constants import constants_traceable, fold_constants
 from tritune.kernels.frontend.graphs import GraphStep, capturable
 from tritune.kernels.frontend.outer import outer_products
 from tritune.kernels.frontend.rewrites import GraphEdit
@@ -148,9 +148,10 @@ class Backend:
         captured = self.plain is not None and capturable(aten, example_inputs)
         rewrite(aten, hits, captured and self.early_launch)
         _keep_input_facts(gm, aten)
-        if captured:
-            return GraphStep(self.plain(aten, example_inputs), example_inputs)
-        return self.fallback(aten, example_inputs)
+        with constants_traceable(example_inputs):
+            if captured:
+                return GraphStep(self.plain(aten, example_inputs), example_inputs)
+            return self.fallback(aten, example_inputs)
 
     def _lookup(self, matches: list[Matched], info: dict) -> list[tuple[Matched, str]]:
         """(site, spec) of the sites that run a tuned kernel on the GPU `info` describes; every

@@ -10,6 +10,8 @@ to a view of them; values the graph returns stay computed (the caller may write 
 """
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -41,6 +43,24 @@ def fold_constants(gm: fx.GraphModule) -> int:
         node.replace_all_uses_with(const, delete_user_cb=lambda user: user not in foldable)
         count += 1
     return count
+
+
+@contextlib.contextmanager
+def constants_traceable(example_inputs: Sequence[Any]) -> Iterator[None]:
+    """While a graph with folded constants is compiled: its fake mode (the one of `example_inputs`,
+    if any) takes the constants' real tensors, as it would a graph's own tensor literals."""
+    from torch._guards import detect_fake_mode
+
+    mode = detect_fake_mode(example_inputs)
+    if mode is None:
+        yield
+        return
+    before = mode.allow_non_fake_inputs
+    mode.allow_non_fake_inputs = True
+    try:
+        yield
+    finally:
+        mode.allow_non_fake_inputs = before
 
 
 def _foldable(gm: fx.GraphModule) -> dict[fx.Node, None]:
