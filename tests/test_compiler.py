@@ -322,6 +322,21 @@ def test_inductor_is_asked_to_launch_tuned_kernels_as_its_own(monkeypatch):
     assert seen == [{"triton.cudagraphs": True, **static}, static]
 
 
+def test_the_cuda_graph_mode_lowers_graphs_with_tuned_sites_with_combo_kernels(monkeypatch):
+    # the plain lowering replayed from one CUDA graph asks for combo kernels; the fallback for
+    # graphs without tuned sites is Inductor's own mode, unchanged
+    import torch._inductor.compile_fx as compile_fx
+    import torch._inductor.config as config
+
+    seen = []
+    monkeypatch.setattr(compile_fx, "compile_fx", lambda gm, xs, config_patches: seen.append(config_patches))
+    backend = tritune.compiler(mode="reduce-overhead")
+    backend.plain(None, [])
+    backend.fallback(None, [])
+    assert seen[0].get("combo_kernels") is (True if hasattr(config, "combo_kernels") else None)
+    assert "combo_kernels" not in seen[1] and seen[1].get("triton.cudagraphs") is True
+
+
 def test_a_torch_without_triton_op_leaves_every_graph_to_the_fallback(tmp_path, monkeypatch, caplog):
     import sys
 

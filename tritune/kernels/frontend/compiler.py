@@ -60,9 +60,10 @@ def registered(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
     return compiler()(gm, example_inputs)
 
 
-def inductor(mode: str | None = None) -> Callable:
+def inductor(mode: str | None = None, combo: bool = False) -> Callable:
     """Inductor's lowering in a torch.compile mode (None: the default), launching tuned kernels as
-    it launches its own."""
+    it launches its own; `combo`: independent small kernels (a decode step's rotary embeddings of
+    q and k, copies of v) launched as one (Inductor's combo kernels), where Inductor has them."""
     import torch._inductor.config as config
 
     patches = {}
@@ -70,6 +71,8 @@ def inductor(mode: str | None = None) -> Callable:
         from torch._inductor import list_mode_options
 
         patches = list_mode_options(mode)  # raises for an unknown mode, naming the known ones
+    if combo and hasattr(config, "combo_kernels"):
+        patches = {**patches, "combo_kernels": True}
     # Inductor launches user-defined Triton kernels through Triton's Python launcher unless told
     # otherwise: 22.5 us more per launch than its own kernels on an H100 (BENCHMARKS.md: host
     # overhead of a replayed kernel)
@@ -119,8 +122,9 @@ class Backend:
         self.sites: list[tuple[str, str]] = []
         self.graphs: list[str] = []
         # CUDA-graph mode: graphs with tuned sites replay Inductor's default lowering from one plain
-        # CUDA graph each (`graphs`), not through the trees Inductor's reduce-overhead builds
-        self.plain = inductor() if fallback == "inductor" and mode == "reduce-overhead" else None
+        # CUDA graph each (`graphs`), not through the trees Inductor's reduce-overhead builds; with
+        # combo kernels, which took 4-6 launches and 6-7 us of GPU time off a decode step (BENCHMARKS.md)
+        self.plain = inductor(combo=True) if fallback == "inductor" and mode == "reduce-overhead" else None
         self.early_launch = early_launch
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
