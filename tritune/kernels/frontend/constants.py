@@ -5,8 +5,9 @@ step: four small kernels of a two-layer decode step. `fold_constants` computes s
 when the graph is compiled, and the graph reads it as a constant.
 
 Only values computed from no placeholder and no parameter or buffer are folded (weights and
-buffers may change between calls), by deterministic ops, and only where nothing in the graph writes to them or
-to a view of them; values the graph returns stay computed (the caller may write to its output).
+buffers may change between calls), by deterministic ops, and only where nothing in the graph
+writes to them or to a view of them; values the graph returns stay computed (the caller may write
+to its output).
 """
 from __future__ import annotations
 
