@@ -180,7 +180,8 @@ def test_the_backend_launches_early_only_in_one_cuda_graph_and_when_let(monkeypa
     from tritune.records.result import MeasureResult, Status
 
     lowered = []
-    monkeypatch.setattr(compiler, "inductor", lambda mode=None, combo=False: lambda gm, inputs: lowered.append((mode, gm)) or gm)
+    monkeypatch.setattr(compiler, "inductor",
+                        lambda mode=None, combo=False: lambda gm, inputs: lowered.append((mode, gm)) or gm)
 
     def fn(x, w):
         return F.linear(x, w)

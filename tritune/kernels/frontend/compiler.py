@@ -123,7 +123,7 @@ class Backend:
         self.graphs: list[str] = []
         # CUDA-graph mode: graphs with tuned sites replay Inductor's default lowering from one plain
         # CUDA graph each (`graphs`), not through the trees Inductor's reduce-overhead builds; with
-        # combo kernels, which took 4-6 launches and 6-7 us of GPU time off a decode step (BENCHMARKS.md)
+        # combo kernels, which took 4-6 launches and 5.6-7.5 us of GPU time off a decode step (BENCHMARKS.md)
         self.plain = inductor(combo=True) if fallback == "inductor" and mode == "reduce-overhead" else None
         self.early_launch = early_launch
 
