@@ -232,12 +232,27 @@ def tuned_db(a, w, path: Path) -> Path:
     return path
 
 
-def child_profile(args: argparse.Namespace, calls: int = 20, top: int = 8) -> dict:
-    """Each variant after warm-up, `calls` calls under torch's profiler: GPU kernels and µs per call,
-    and its `top` costliest kernels (name, µs per call, launches per call); the weights one step
-    reads and the device's copy bandwidth (the decode floor is their ratio)."""
+def kernel_profile(fn, calls: int, top: int, device: str = "cuda") -> dict:
+    """GPU µs and kernels per call of `fn` over `calls` calls under torch's profiler, and its `top`
+    costliest kernels (name, µs per call, launches per call)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        sync(device)
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels.sort(key=lambda e: -e.device_time_total)
+    return {"gpu_us": sum(e.device_time_total for e in kernels) / calls,
+            "launches": sum(e.count for e in kernels) / calls,
+            "top": [(e.key[:90], e.device_time_total / calls, e.count / calls) for e in kernels[:top]]}
+
+
+def child_profile(args: argparse.Namespace, calls: int = 20, top: int = 8) -> dict:
+    """Each variant after warm-up, `calls` calls under torch's profiler (`kernel_profile`); the
+    weights one step reads and the device's copy bandwidth (the decode floor is their ratio)."""
+    import torch
 
     from tritune.tuner.timing import copy_bandwidth_gbps
 
@@ -253,18 +268,9 @@ def child_profile(args: argparse.Namespace, calls: int = 20, top: int = 8) -> di
             for _ in range(5):
                 fn()
             sync(args.device)
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(calls):
-                    fn()
-                sync(args.device)
+            result[variant] = kernel_profile(fn, calls, top, args.device)
         except Exception as exc:  # noqa: BLE001 - one variant that fails must not cost the others
             result[variant] = {"error": first_line(exc)}
-            continue
-        kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-        kernels.sort(key=lambda e: -e.device_time_total)
-        result[variant] = {"gpu_us": sum(e.device_time_total for e in kernels) / calls,
-                           "launches": sum(e.count for e in kernels) / calls,
-                           "top": [(e.key[:90], e.device_time_total / calls, e.count / calls) for e in kernels[:top]]}
     return result
 
 

@@ -15,27 +15,11 @@ import statistics
 VARIANTS = ("reduce-overhead", "tritune-ro", "tritune-ro+combo")
 
 
-def profiled(fn, calls: int = 20) -> dict:
-    """GPU µs and launches per call of `fn` under torch's profiler, and its costliest kernels."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    kernels = sorted((e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA),
-                     key=lambda e: -e.device_time_total)
-    return {"gpu_us": sum(e.device_time_total for e in kernels) / calls,
-            "launches": sum(e.count for e in kernels) / calls,
-            "top": [(e.key[:70], round(e.device_time_total / calls, 1), e.count / calls) for e in kernels[:12]]}
-
-
 def one_shape(db: str, model_name: str, shape: str, rounds: int) -> None:
     import torch
     import torch._inductor.config as inductor_config
 
-    from scripts.bench.bench_children import caller, compile_variant, model_and_input
+    from scripts.bench.bench_children import caller, compile_variant, kernel_profile, model_and_input
     from tritune.tuner.model.check import outputs_rel_error
     from tritune.tuner.timing import in_turns, per_call_ms
 
@@ -51,7 +35,7 @@ def one_shape(db: str, model_name: str, shape: str, rounds: int) -> None:
                 outs[variant] = fns[variant]().clone()
     torch.cuda.synchronize()
     for variant in VARIANTS:
-        prof = profiled(fns[variant])
+        prof = kernel_profile(fns[variant], calls=20, top=12)
         err = outputs_rel_error(outs[variant], outs["tritune-ro"])
         print(f"{model_name}/{shape} {variant}: {prof['gpu_us']:.1f} GPU us, {prof['launches']:.0f} launches, "
               f"rel diff to tritune-ro {err:.1e}")

@@ -12,6 +12,7 @@ to its output).
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -117,8 +118,6 @@ def _written(node: fx.Node) -> list[fx.Node]:
 
 def _is_plain_function(target: Any) -> bool:
     # operator.getitem and the like: they read, never write
-    import operator
-
     return target in (operator.getitem,) or getattr(target, "__module__", "") in ("_operator", "math")
 
 
