@@ -7,13 +7,13 @@ import pytest
 from tritune.kernels.family import family, ops
 
 PINNED = {
-    "matmul": "9f94b3dd0d63726c",
-    "bmm": "9f94b3dd0d63726c",
+    "matmul": "5b8516986af05e6c",
+    "bmm": "5b8516986af05e6c",
     "conv2d": "0963f5b4f9f1b7b3",
     "softmax": "2fe8777c40f74a89",
     "layernorm": "2fe8777c40f74a89",
-    "gated": "07fc5e7d6c6838ac",
-    "wide": "50bdbcadebb58ac4",
+    "gated": "8dcb5edf40973cac",
+    "wide": "ba8eab93d31654b4",
     "attention": "e2a0d7f596f7e120",
 }
 

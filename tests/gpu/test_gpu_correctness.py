@@ -36,7 +36,8 @@ def _cases(pairs: list) -> list:
     """pytest params of (expr, config, seed): the seed is the case's place in its list, so that any
     subset (-k) checks each case on the same inputs."""
     return [pytest.param(e, c, i, id=f"{e.op}-{e.dtype}-{i}" + ("-gemv" if c.get("GEMV", 0) else "")
-                         + ("-layernorm" if getattr(e, "layer_norm", False) else ""))
+                         + ("-layernorm" if getattr(e, "layer_norm", False) else
+                            "-rmsnorm" if getattr(e, "norm_eps", None) is not None else ""))
             for i, (e, c) in enumerate(pairs)]
 
 

@@ -5,7 +5,11 @@ in a plain contraction, LayerNorm as GPT-2 and GPT-NeoX run it, y = (x - mean) /
 The kernel never writes y. RMSNorm: because rsqrt(...) is one scalar per row, (x * r * g) @ W equals
 r * ((x * g) @ W): the main loop multiplies each input tile by g and sums the squares of the raw
 tile beside the product, and the row's scale multiplies the accumulator once, before the bias and
-the epilogue. So the row's statistics need the whole of K: a plain contraction with the prologue
+the epilogue. With 16-bit inputs in tiles of at most MMA_SQUARES_MAX_ROWS rows on the tensor cores,
+the squares are summed by the tensor cores too, as the diagonal of x @ xᵀ (the products of 16-bit
+values are exact in the fp32 accumulator, so the sums are the same as the fp32 sums of squares):
+a reduction across the tile would hold it in a layout of its own, converted back for the MMA at
+every step, which at 16 rows cost up to a third of the kernel's time. So the row's statistics need the whole of K: a plain contraction with the prologue
 is not split along K (the wide and gated kernels are: their split-K fixup adds up the slices'
 sums of squares before it scales), and never warp-specialised (its producer warps never see the
 input tile).
@@ -23,6 +27,11 @@ import math
 from typing import Any
 
 from tritune.kernels.expr import ExprError
+
+# Tiles of at most this many rows sum their rows' squares on the tensor cores (a BLOCK_M x BLOCK_M
+# fp32 accumulator beside the tile's: 8 registers a thread at 32 rows on 4 warps); taller tiles
+# (prefill, never decode) and GEMV steps reduce across the tile.
+MMA_SQUARES_MAX_ROWS = 32
 
 
 def check_norm(norm_eps: Any) -> None:
@@ -89,7 +98,8 @@ def init(norm_eps: float | None, indent: str, layer: bool = False) -> str:
     if layer:
         return (f"{indent}mean, rstd = _row_stats(A + batch * stride_ab, pid_m, M, K, stride_am, stride_ak, "
                 f"BLOCK_M, BLOCK_K)\n")
-    return f"{indent}ss = tl.zeros((BLOCK_M,), dtype=tl.float32)\n"
+    return (f"{indent}ss = tl.zeros((BLOCK_M,), dtype=tl.float32)\n"
+            f"{indent}sq = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)\n")
 
 
 def apply(norm_eps: float | None, var: str, indent: str, layer: bool = False) -> str:
@@ -107,10 +117,21 @@ def apply(norm_eps: float | None, var: str, indent: str, layer: bool = False) ->
         return "".join(f"{indent}{line}\n" for line in lines)
     lines = ("gk_offs = k * BLOCK_K + tl.arange(0, BLOCK_K)",
              "gk = tl.load(G + gk_offs, mask=gk_offs < K, other=0.0).to(tl.float32)",
-             f"{var}32 = {var}.to(tl.float32)",
-             f"ss += tl.sum({var}32 * {var}32, axis=1)",
-             f"{var} = ({var}32 * gk[None, :]).to({var}.dtype)")
+             f"if GEMV or BLOCK_M > {MMA_SQUARES_MAX_ROWS} or {var}.dtype.primitive_bitwidth > 16:",
+             f"    {var}32 = {var}.to(tl.float32)",
+             f"    ss += tl.sum({var}32 * {var}32, axis=1)",
+             "else:  # on the tensor cores: the diagonal of x @ x^T (`done`)",
+             f"    sq = tl.dot({var}, tl.trans({var}), sq)",
+             f"{var} = ({var}.to(tl.float32) * gk[None, :]).to({var}.dtype)")
     return "".join(f"{indent}{line}\n" for line in lines)
+
+
+def done(norm_eps: float | None, indent: str, layer: bool = False) -> str:
+    """After the K loop: the rows' sums of squares that the tensor cores summed (`apply`) added to
+    `ss` (zeros where the loop reduced across its tiles instead)."""
+    if norm_eps is None or layer:
+        return ""
+    return f"{indent}ss += _diagonal(sq, BLOCK_M)\n"
 
 
 def returned(norm_eps: float | None, layer: bool = False) -> str:
@@ -150,6 +171,18 @@ def _row_stats(X, pid_m, M, K, stride_xm, stride_xk, BLOCK_M: tl.constexpr, BLOC
 """
 
 
+_DIAGONAL = """
+
+@triton.jit
+def _diagonal(sq, BLOCK_M: tl.constexpr):
+    eye = tl.arange(0, BLOCK_M)[:, None] == tl.arange(0, BLOCK_M)[None, :]
+    return tl.sum(tl.where(eye, sq, 0.0), axis=1)
+"""
+
+
 def helpers(norm_eps: float | None, layer: bool = False) -> str:
-    """Triton functions the prologue calls, placed before the main loop: LayerNorm's `_row_stats`."""
-    return _ROW_STATS.replace("EPS", repr(float(norm_eps))) if norm_eps is not None and layer else ""
+    """Triton functions the prologue calls, placed before the main loop: LayerNorm's `_row_stats`,
+    RMSNorm's `_diagonal` (of the tensor cores' x @ x^T)."""
+    if norm_eps is None:
+        return ""
+    return _ROW_STATS.replace("EPS", repr(float(norm_eps))) if layer else _DIAGONAL

@@ -136,7 +136,7 @@ def _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
             b_ptrs += BLOCK_K * stride_bk
         if GEMV:
             acc = _gemv_sum(products, {trans_b})
-    return acc{norm_returned}
+{norm_done}    return acc{norm_returned}
 
 
 @triton.jit
@@ -307,6 +307,7 @@ def norm_fields(eps: float | None, layer: bool = False) -> dict[str, str]:
             "norm_apply": norm.apply(eps, "a", " " * 12, layer), "norm_returned": norm.returned(eps, layer),
             "norm_pointer": norm.param(eps, layer).lstrip(",") + ("," if eps is not None else ""),
             "norm_arg": norm.param(eps, layer), "norm_helpers": norm.helpers(eps, layer),
+            "norm_done": norm.done(eps, "    ", layer),
             "norm_scale_persistent": norm.scale(eps, ("acc",), " " * 12, layer),
             "norm_scale": norm.scale(eps, ("acc",), " " * 8, layer)}
 

@@ -24,7 +24,7 @@ KERNEL_NAME = "tritune_gated"
 # the kernel's integer parameters: sizes, then the strides of x, the weights (as [K, N]), out, the biases
 INT_NAMES = ("M", "N", "K", "stride_xm", "stride_xk", "stride_wk", "stride_wn", "stride_cm", "stride_cn", "stride_b")
 
-_TEMPLATE = PRELUDE + '''
+_TEMPLATE = PRELUDE + '''{norm_helpers}
 
 @triton.jit
 def _split_fixup_pair(g, u, WS, LOCKS, slot, split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -119,7 +119,7 @@ def {name}(
         g, u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
     elif GEMV:
         g, u = _gemv_sum(g3, {trans_b}), _gemv_sum(u3, {trans_b})
-    if SPLIT_K > 1:
+{norm_done}    if SPLIT_K > 1:
         g, u{fixup_ss_ret}, last = _split_fixup_pair(g, u, WS, LOCKS, tl.program_id(0), split, BLOCK_M, BLOCK_N,
                                        SPLIT_K{fixup_ss_arg})
     else:
@@ -154,6 +154,7 @@ def source(expr: Gated, specialize: bool = False) -> str:
                             activation="".join(f"        {line}\n" for line in emit.lines),
                             norm_pointer="" if expr.norm_eps is None else " G,",
                             norm_init=norm.init(expr.norm_eps, "    "), norm_apply=norm.apply(expr.norm_eps, "x", " " * 8),
+                            norm_done=norm.done(expr.norm_eps, "    "), norm_helpers=norm.helpers(expr.norm_eps),
                             norm_scale=norm.scale(expr.norm_eps, ("g", "u"), " " * 8), **_fixup(expr.norm_eps))
 
 
