@@ -94,6 +94,20 @@ def test_tune_model_bad_input_is_one_line_exit_2(capsys, tmp_path, args, needle)
     assert not (tmp_path / "t.db").exists()
 
 
+def test_the_plan_shares_trials_by_the_root_of_each_tasks_flops():
+    from types import SimpleNamespace
+
+    from tritune.tuner.model.plan import plan
+
+    # a head of 100x the FLOPs of a projection gets 10x its trials beyond the floor, not 100x; the
+    # total is kept and the largest task comes first
+    tasks = [SimpleNamespace(flops=1.0), SimpleNamespace(flops=100.0)]
+    planned = plan(tasks, 60, floor=5)
+    assert [p.trials for p in planned] == [50, 10] and planned[0].task.flops == 100.0
+    assert [round(p.share, 3) for p in planned] == [0.990, 0.010]
+    assert [p.trials for p in plan(tasks, 4, floor=16)] == [2, 2]  # a budget below the floors is split evenly
+
+
 def test_tune_model_shares_the_budget_and_tunes_every_workload(monkeypatch, tmp_path, capsys):
     from functools import partial
 
