@@ -100,3 +100,55 @@ def test_a_models_workloads_over_two_stand_in_gpus(monkeypatch, tmp_path):
     assert [len({r.config for r in trials}) for trials in stored] == [16, 8, 8]
     names = {r.measured_on for trials in stored for r in trials if r.status is not Status.COMPILE_ERROR}
     assert len(names) == 2 and all(n.endswith((":0", ":1")) for n in names)  # a compile error met no GPU
+
+
+def _recording_runner(events):
+    """LocalRunner over the stand-in GPU that logs ("start", device) and ("info", device)."""
+    import fake_gpu
+
+    class Recording(LocalRunner):
+        def start(self):
+            if self._judge is not None or self.device is None:  # a device's own worker, not its judge
+                events.append(("start", self.device))
+            super().start()
+
+        def device_info(self):
+            events.append(("info", self.device))
+            return super().device_info()
+
+    return partial(Recording, handlers=fake_gpu.handlers)
+
+
+@pytest.mark.parametrize("guess", [3, 1])
+def test_every_devices_worker_starts_beside_the_first_where_the_gpus_can_be_counted(monkeypatch, guess):
+    # "all" on a host of 2 GPUs: counted 3 without CUDA, the workers of devices 1 and 2 start with
+    # device 0's, and 2's is stopped once device 0's worker says there are 2; counted 1 (no driver
+    # to ask), device 1's starts only after device 0's has come up
+    events = []
+    monkeypatch.setenv("FAKE_GPU_DEVICES", "2")
+    monkeypatch.setattr(start, "LocalRunner", _recording_runner(events))
+    monkeypatch.setattr(start, "Builder", lambda *args, **kwargs: FakeBuilder())
+    monkeypatch.setattr(start, "visible_gpus", lambda: guess)
+    runner, builder = start.start_gpu(devices="all")
+    try:
+        assert [r.device for r in runner.each] == [0, 1] and runner.device_info()["device_count"] == 2
+        first_info = events.index(("info", 0))
+        if guess == 3:
+            assert {("start", 1), ("start", 2)} <= set(events[:first_info]) and ("info", 2) not in events
+        else:
+            assert events.index(("start", 1)) > first_info
+    finally:
+        builder.close()
+        runner.close()
+
+
+def test_visible_gpus_are_counted_without_cuda(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0, 1,")
+    assert start.visible_gpus() == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert start.visible_gpus() == 0 and start._expected_others("all") == ()
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr(start.os, "listdir", lambda path: ["0000:01:00.0", "0000:02:00.0", "0000:03:00.0"])
+    assert start.visible_gpus() == 3 and start._expected_others("all") == (1, 2)
+    monkeypatch.setattr(start.os, "listdir", lambda path: (_ for _ in ()).throw(FileNotFoundError(path)))
+    assert start.visible_gpus() == 1 and start._expected_others((2, 0, 3)) == (0, 3)

@@ -4,10 +4,11 @@ per device) and the compile pool started together, and a session that stops them
 from __future__ import annotations
 
 import importlib
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from tritune.records.result import Status
 from tritune.settings import SETTINGS
@@ -63,9 +64,16 @@ def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
     make = partial(LocalRunner, timing, timeout_s=timeout_s, seed=seed, judge=True,
                    **({"handlers": fake.handlers} if fake else {}))
     runner = first = make(device=0 if devices == "all" else devices[0] if devices else None)
-    builder = None
+    started, builder = [first], None
     try:
         first.start()
+        # the other devices' workers start beside the first wherever their indices are known or
+        # can be guessed, so that their CUDA starts overlap; started only once the first had come
+        # up, a second device added a whole worker start-up before the loop
+        early = {i: make(device=i, watch=first.watch) for i in _expected_others(devices)}
+        started += early.values()
+        for other in early.values():
+            other.start()
         builder = Builder(workers=workers)
         if fake:
             builder.build = fake.build
@@ -77,15 +85,54 @@ def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
         info = first.device_info()
         builder.start(device_target(info), device_limits(info).shared_bytes)
         indices = range(info.get("device_count", 1)) if devices == "all" else devices or ()
-        if len(indices) > 1:
-            runner = Runners([first] + [make(device=i, watch=first.watch) for i in indices[1:]])
+        others = _the_others(indices[1:], early, lambda i: make(device=i, watch=first.watch), started)
+        if others:
+            runner = Runners([first] + others)
             _same_gpus(runner)
     except BaseException:
         if builder is not None:
             builder.close(now=True)
-        runner.close(now=True)
+        for r in started:
+            r.close(now=True)
         raise
     return runner, builder
+
+
+def _the_others(indices: Sequence[int], early: dict, make: Callable[[int], LocalRunner],
+               started: list) -> list[LocalRunner]:
+    """The runners of the devices besides the first: those started early, the rest made now (and
+    added to `started`); early ones the run does not use ("all" guessed more GPUs than there are)
+    are stopped."""
+    others = []
+    for i in indices:
+        if i not in early:
+            early[i] = make(i)
+            started.append(early[i])
+        others.append(early.pop(i))
+    for unused in early.values():
+        unused.close(now=True)
+    return others
+
+
+def visible_gpus() -> int:
+    """How many GPUs this host's workers will see, counted without CUDA (the parent never starts
+    it): the entries of CUDA_VISIBLE_DEVICES where it is set, else the NVIDIA driver's GPUs
+    (/proc/driver/nvidia/gpus); 1 where neither tells. A guess: the first worker's count decides."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return len([entry for entry in listed.split(",") if entry.strip()])
+    try:
+        return max(1, len(os.listdir("/proc/driver/nvidia/gpus")))
+    except OSError:
+        return 1
+
+
+def _expected_others(devices: tuple[int, ...] | str | None) -> tuple[int, ...]:
+    """The devices besides the first that a run will measure on, as far as is known before any
+    worker is up: the listed ones, or for "all" those `visible_gpus` counts."""
+    if devices == "all":
+        return tuple(range(1, visible_gpus()))
+    return tuple(devices[1:]) if devices else ()
 
 
 def _same_gpus(runners: Runners) -> None:
