@@ -179,11 +179,11 @@ def test_a_kernel_that_forgets_the_row_scale_is_caught(monkeypatch):
 
 def test_sixteen_bit_tiles_of_a_few_rows_sum_their_squares_on_the_tensor_cores(monkeypatch):
     # the rows' sums of squares of an fp16 tile of 16 rows are the diagonal of x @ x^T: a kernel that
-    # drops that diagonal is caught in every GEMM family; fp32 tiles, taller tiles and GEMV steps
+    # misreads that diagonal is caught in every GEMM family; fp32 tiles, taller tiles and GEMV steps
     # reduce across the tile instead, so they do not read it
     from tritune.kernels import norm
 
-    monkeypatch.setattr(norm, "_DIAGONAL", norm._DIAGONAL.replace("return tl.sum(", "return 0.0 * tl.sum("))
+    monkeypatch.setattr(norm, "_DIAGONAL", norm._DIAGONAL.replace("return tl.sum(", "return 2.0 * tl.sum("))
     tile = TILE.replace(BLOCK_K=32)
     for expr, config in ((Matmul(16, 40, 64, trans_b=True, norm_eps=1e-6), tile),
                          (Wide(16, (24, 16), 64, norm_eps=1e-6), tile.replace(SPLIT_K=2)),
