@@ -18,6 +18,13 @@ from pathlib import Path
 import triton
 import triton.language as tl
 
+from tritune.kernels.codegen import load_source
+from tritune.kernels.contraction import template
+from tritune.kernels.contraction.expr import Matmul
+
+# the split-K fixup of the contraction template's generated module, called by the probe's kernel
+_split_fixup = load_source(template.source(Matmul(16, 64, 64, trans_b=True)), "_split_fixup")
+
 
 @triton.jit
 def skinny_mm(X, W, Y, WS, LOCKS, G, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -74,19 +81,8 @@ def skinny_mm(X, W, Y, WS, LOCKS, G, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl
     if NORM == 1 or NORM >= 3:
         acc = acc * tl.rsqrt(ss / K + 1e-6)[:, None]
     last = True
-    if SPLIT > 1:
-        tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        base = WS + pid_n.to(tl.int64) * (SPLIT * BLOCK_M * BLOCK_N)
-        tl.store(base + split * BLOCK_M * BLOCK_N + tile, acc)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(LOCKS + pid_n, 1, sem="acq_rel")
-        last = arrived == SPLIT - 1
-        if last:
-            tl.debug_barrier()
-            for s in tl.static_range(SPLIT):
-                if s != split:
-                    acc += tl.load(base + s * BLOCK_M * BLOCK_N + tile, cache_modifier=".cg")
-            tl.store(LOCKS + pid_n, 0)
+    if SPLIT > 1:  # the contraction template's in-kernel fixup
+        acc, last = _split_fixup(acc, WS, LOCKS, pid_n, split, BLOCK_M, BLOCK_N, SPLIT)
     if last:
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         tl.store(Y + offs_m[:, None] * N + offs_n[None, :], acc.to(Y.dtype.element_ty), mask=mask)
