@@ -1,7 +1,7 @@
 """`tune-cli tune-model`'s plan: the workloads of a model (contractions with their fused epilogues,
 gated pairs act(x @ W1ᵀ) * (x @ W2ᵀ) as one `gated` workload each, projections of one input as one
-`wide` workload) share one trial budget, by where the model's FLOPs go (`plan`); each is then tuned in turn
-by the run (`tuner.run.tune_all`), which resumes what is stored.
+`wide` workload) share one trial budget, by where the model's FLOPs go (`plan`); each is then
+tuned in turn by the run (`tuner.run.tune_all`), which resumes what is stored.
 
 The model comes from a factory (`model.load`), captured by `tritune.extract_tasks`.
 """
