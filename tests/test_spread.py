@@ -143,11 +143,16 @@ def test_every_devices_worker_starts_beside_the_first_where_the_gpus_can_be_coun
 
 
 def test_visible_gpus_are_counted_without_cuda(monkeypatch):
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0, 1,")
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "3,5,6")  # a container given three of the host's GPUs
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0, 1,")  # of which this process uses two
     assert start.visible_gpus() == 2
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert start.visible_gpus() == 0 and start._expected_others("all") == ()
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert start.visible_gpus() == 3
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "void")
+    assert start.visible_gpus() == 0
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "all")  # every GPU of the host: the driver's list tells
     monkeypatch.setattr(start.os, "listdir", lambda path: ["0000:01:00.0", "0000:02:00.0", "0000:03:00.0"])
     assert start.visible_gpus() == 3 and start._expected_others("all") == (1, 2)
     monkeypatch.setattr(start.os, "listdir", lambda path: (_ for _ in ()).throw(FileNotFoundError(path)))

@@ -116,11 +116,15 @@ def _the_others(indices: Sequence[int], early: dict, make: Callable[[int], Local
 
 def visible_gpus() -> int:
     """How many GPUs this host's workers will see, counted without CUDA (the parent never starts
-    it): the entries of CUDA_VISIBLE_DEVICES where it is set, else the NVIDIA driver's GPUs
-    (/proc/driver/nvidia/gpus); 1 where neither tells. A guess: the first worker's count decides."""
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is not None:
-        return len([entry for entry in listed.split(",") if entry.strip()])
+    it): the entries of CUDA_VISIBLE_DEVICES where it is set, else of the container's
+    NVIDIA_VISIBLE_DEVICES where it lists GPUs (the driver's list below may show the whole host's),
+    else the NVIDIA driver's GPUs (/proc/driver/nvidia/gpus); 1 where none tells. A guess: the first
+    worker's count decides."""
+    for name in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
+        listed = os.environ.get(name)
+        if listed is not None and listed.strip().lower() != "all":
+            entries = [entry for entry in listed.split(",") if entry.strip()]
+            return 0 if [e.strip().lower() for e in entries] in (["void"], ["none"]) else len(entries)
     try:
         return max(1, len(os.listdir("/proc/driver/nvidia/gpus")))
     except OSError:
