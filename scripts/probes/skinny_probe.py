@@ -2,10 +2,12 @@
 MMA's tall operand: y^T = W @ x^T, tiles of BLOCK_N weight rows by the BLOCK_M input rows, so
 Hopper's warp-group MMA (64 rows and more) carries 16 input rows in its narrow dimension, against
 the contraction template's orientation (the input rows as the MMA's M, mma.sync below 64 rows).
-Standalone kernels, split-K with an in-kernel fixup, pointer or TMA loads; every config is checked
-against float64 and graph-timed over operand sets spanning 3x the L2 (L2 cold).
+Standalone kernels, split-K with the template's in-kernel fixup, pointer or TMA loads, and ways
+of fusing an RMSNorm before the product (NORM, below); every config is checked against float64
+and graph-timed over operand sets spanning 3x the L2 (L2 cold).
 
     python -m scripts.probes.skinny_probe --shapes 16,2048,2048 16,2048,5632 --out DIR
+    python -m scripts.probes.skinny_probe --grid 'NORM=0,1,7;SPLIT=1' --shapes 16,3072,2048 --out DIR
 """
 from __future__ import annotations
 
