@@ -79,12 +79,17 @@ def weight_elements(expr) -> int:
     return widths * expr.k
 
 
+def parse_grid(grid: str) -> dict[str, list[int]]:
+    """A grid 'KNOB=v1,v2;KNOB=v' as {knob: values}."""
+    return {name: [int(v) for v in values.split(",")] for name, values in
+            (part.split("=") for part in grid.split(";") if part)}
+
+
 def grid_sample(space, grid: str) -> list:
     """The valid configs of a grid 'KNOB=v1,v2;KNOB=v' (knobs left out: their first value)."""
     import itertools
 
-    chosen = {name: [int(v) for v in values.split(",")] for name, values in
-              (part.split("=") for part in grid.split(";") if part)}
+    chosen = parse_grid(grid)
     axes = [chosen.get(k.name, [k.values[0]]) for k in space.knobs]
     configs = [Config.of(dict(zip([k.name for k in space.knobs], values))) for values in itertools.product(*axes)]
     return [c for c in configs if space.valid(c)]

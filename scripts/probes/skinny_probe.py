@@ -101,9 +101,9 @@ KNOBS = dict(SWAP=(0, 1), BLOCK_N=(16, 32, 64, 128), BLOCK_K=(128, 256), SPLIT=(
 
 
 def configs(grid: str = "") -> list[dict]:
-    knobs = dict(KNOBS)
-    knobs.update({name: tuple(int(v) for v in values.split(",")) for name, values in
-                  (part.split("=") for part in grid.split(";") if part)})
+    from scripts.probes.decode_gemm_probe import parse_grid
+
+    knobs = {**KNOBS, **parse_grid(grid)}
     out = []
     for values in itertools.product(*knobs.values()):
         c = dict(zip(knobs, values))

@@ -12,7 +12,6 @@ to its output).
 from __future__ import annotations
 
 import contextlib
-import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -118,7 +117,7 @@ def _written(node: fx.Node) -> list[fx.Node]:
 
 def _is_plain_function(target: Any) -> bool:
     # operator.getitem and the like: they read, never write
-    return target in (operator.getitem,) or getattr(target, "__module__", "") in ("_operator", "math")
+    return getattr(target, "__module__", "") in ("_operator", "math")
 
 
 def _tensor_out(node: fx.Node) -> bool:

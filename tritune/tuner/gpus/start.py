@@ -8,7 +8,7 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator
 
 from tritune.records.result import Status
 from tritune.settings import SETTINGS
@@ -65,13 +65,17 @@ def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
                    **({"handlers": fake.handlers} if fake else {}))
     runner = first = make(device=0 if devices == "all" else devices[0] if devices else None)
     started, builder = [first], None
+
+    def another(i: int) -> LocalRunner:  # a device's runner besides the first, stopped if the start fails
+        started.append(make(device=i, watch=first.watch))
+        return started[-1]
+
     try:
         first.start()
         # the other devices' workers start beside the first wherever their indices are known or
         # can be guessed, so that their CUDA starts overlap; started only once the first had come
         # up, a second device added a whole worker start-up before the loop
-        early = {i: make(device=i, watch=first.watch) for i in _expected_others(devices)}
-        started += early.values()
+        early = {i: another(i) for i in _expected_others(devices)}
         for other in early.values():
             other.start()
         builder = Builder(workers=workers)
@@ -85,7 +89,9 @@ def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
         info = first.device_info()
         builder.start(device_target(info), device_limits(info).shared_bytes)
         indices = range(info.get("device_count", 1)) if devices == "all" else devices or ()
-        others = _the_others(indices[1:], early, lambda i: make(device=i, watch=first.watch), started)
+        others = [early.pop(i) if i in early else another(i) for i in indices[1:]]
+        for unused in early.values():  # "all" guessed more GPUs than the first worker sees
+            unused.close(now=True)
         if others:
             runner = Runners([first] + others)
             _same_gpus(runner)
@@ -98,22 +104,6 @@ def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
     return runner, builder
 
 
-def _the_others(indices: Sequence[int], early: dict, make: Callable[[int], LocalRunner],
-               started: list) -> list[LocalRunner]:
-    """The runners of the devices besides the first: those started early, the rest made now (and
-    added to `started`); early ones the run does not use ("all" guessed more GPUs than there are)
-    are stopped."""
-    others = []
-    for i in indices:
-        if i not in early:
-            early[i] = make(i)
-            started.append(early[i])
-        others.append(early.pop(i))
-    for unused in early.values():
-        unused.close(now=True)
-    return others
-
-
 def visible_gpus() -> int:
     """How many GPUs this host's workers will see, counted without CUDA (the parent never starts
     it): the entries of CUDA_VISIBLE_DEVICES where it is set, else of the container's
@@ -122,9 +112,9 @@ def visible_gpus() -> int:
     worker's count decides."""
     for name in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
         listed = os.environ.get(name)
-        if listed is not None and listed.strip().lower() != "all":
-            entries = [entry for entry in listed.split(",") if entry.strip()]
-            return 0 if [e.strip().lower() for e in entries] in (["void"], ["none"]) else len(entries)
+        entries = [entry.strip().lower() for entry in (listed or "").split(",") if entry.strip()]
+        if listed is not None and entries != ["all"]:
+            return 0 if entries in (["void"], ["none"]) else len(entries)
     try:
         return max(1, len(os.listdir("/proc/driver/nvidia/gpus")))
     except OSError:
