@@ -9,14 +9,17 @@ from rich.console import Console
 from scripts.bench import devices_bench as bench
 from tritune.records.database import Database
 from tritune.records.result import MeasureResult, Status
-from tritune.tuner.breakdown import summary
-from tritune.tuner.cli.display import time_table
+from tritune.tuner.breakdown import startup, summary
+from tritune.tuner.cli.display import startup_table, time_table
 from test_tuner import EXPR, TASK
 
 
-def verbose_text(times):
-    """A `run --verbose` table as the CLI prints it (wide, as the bench asks with COLUMNS)."""
+def verbose_text(times, started=None):
+    """A `run --verbose` table as the CLI prints it (wide, as the bench asks with COLUMNS), after
+    its start-up table where given."""
     console = Console(file=io.StringIO(), width=200)
+    if started is not None:
+        console.print(startup_table(started))
     console.print("some progress line")
     console.print(time_table(times))
     return console.file.getvalue()
@@ -40,6 +43,14 @@ def test_gpu_busy_per_device_is_read_off_the_verbose_table():
     one = summary(8.0, {"check": 1.0, "timing": 3.0}, {}, {"compile": 8.0}, 4)
     assert bench.busy_of_run(bench.parse_verbose(verbose_text(one))) == {"all": 0.5}
     assert bench.parse_verbose("tune-cli: no CUDA GPU found") == [] and bench.busy_of_run([]) == {}
+
+
+def test_the_start_up_table_is_read_apart_from_the_runs_own():
+    started = startup(1.9, 9.6, {"imports_s": 4.2, "up_s": 8.8})
+    text = verbose_text(summary(8.0, {"check": 1.0, "timing": 3.0}, {}, {"compile": 8.0}, 4), started)
+    assert bench.parse_startup(text) == started
+    assert bench.parse_verbose(text)[0]["wall"] == 8.0  # the start-up rows are not the run's
+    assert bench.parse_startup("tune-cli: no CUDA GPU found") == {}
 
 
 def test_tune_models_gpu_busy_is_each_devices_seconds_over_the_whole_command():

@@ -55,7 +55,9 @@ def test_the_summary_says_where_the_time_went(monkeypatch, tmp_path, capsys):
     main(["run", "--shape", "512,256,1024", "--trials", "16", "--db", str(tmp_path / "t.db"),
           "--summary-json", str(summary), "--verbose"])
     times = json.loads(summary.read_text())["time"]
-    assert "where the time went" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "where the time went" in shown and "start-up before the run" in shown
+    assert "first GPU worker: imports" in shown and "first GPU worker: CUDA start" in shown
     assert times["wall"] > 0 and 0 <= times["GPU busy fraction"] <= 1
     loop = ("proposal (search over the model)", "model fit", "learning from results", "waiting for measurements",
             "claims (database)", "outside the loop (space, prior, head-to-head)")
@@ -64,6 +66,17 @@ def test_the_summary_says_where_the_time_went(monkeypatch, tmp_path, capsys):
     assert all(times[p] >= 0 for p in loop + alongside)
     assert abs(sum(times[p] for p in loop) - times["wall"]) <= 0.5
     assert sum(times[p] for p in alongside) <= times["wall"] + 0.5
+
+
+def test_the_start_up_splits_into_this_process_the_session_and_the_workers_own_start():
+    from tritune.tuner.breakdown import process_age_s, startup
+
+    age = process_age_s()
+    assert age is not None and 0 < age < 24 * 3600  # this test process's own age, from /proc
+    times = startup(1.26, 9.04, {"imports_s": 3.0, "up_s": 7.52})
+    assert times == {"this process before the session": 1.3, "GPU session start (workers and compile pool)": 9.0,
+                     "first GPU worker: imports": 3.0, "first GPU worker: CUDA start": 4.5}
+    assert startup(None, 2.0, {}) == {"GPU session start (workers and compile pool)": 2.0}  # nothing reported
 
 
 def test_breakdown_arithmetic():

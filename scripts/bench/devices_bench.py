@@ -137,6 +137,19 @@ def parse_verbose(text: str) -> list[dict]:
     return tables
 
 
+def parse_startup(text: str) -> dict:
+    """The "start-up before the run" table of `tune-cli run --verbose`: {row name: seconds}."""
+    rows, inside = {}, False
+    for line in text.splitlines():
+        inside = inside or "start-up before the run" in line
+        cells = [c.strip() for c in re.split(r"[│┃|]", line)]
+        if inside and len(cells) == 4 and re.fullmatch(r"[0-9.]+", cells[2]):
+            rows[cells[1]] = float(cells[2])
+        elif inside and rows and "where the time went" in line:
+            break
+    return rows
+
+
 def busy_of_run(tables: list[dict]) -> dict:
     """GPU busy per device of a `run` (its one table): each device where several measured, else all."""
     if not tables:
@@ -184,6 +197,8 @@ def step_line(name: str, result: dict) -> str:
         k = result["kill"]
         line += (f"; killed {k['host']} at {k['stored_before']} stored: {k['lost']} lost, integrity {k['integrity']}, "
                  f"{k['outcome']}")
+    if result.get("startup"):
+        line += "; start-up " + ", ".join(f"{k} {v:.1f} s" for k, v in result["startup"].items())
     return line if result["rc"] == 0 else f"{line}; last line: {result['last_line']}"
 
 
@@ -217,7 +232,8 @@ def step_run(args: argparse.Namespace, root: Path, name: str, timeout_s: float) 
                     *(["--devices", "all"] if name == "run2" else [])])
     run = timed(cmd, env, timeout_s, root / f"{name}.log")
     tables = parse_verbose(run["stdout"])
-    return {**summarised(run, db, busy_of_run(tables)), "verbose": tables[-1] if tables else None}
+    return {**summarised(run, db, busy_of_run(tables)), "verbose": tables[-1] if tables else None,
+            "startup": parse_startup(run["stdout"])}
 
 
 def step_model(args: argparse.Namespace, root: Path, name: str, timeout_s: float) -> dict:

@@ -3,10 +3,12 @@ that `tune-cli run --summary-json` and `--verbose` show (proposal, model fit, wa
 correctness check, timing, idle GPU, idle compile pool, the parts outside the loop, each GPU)."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 
@@ -99,3 +101,25 @@ def _per_device(spent: dict, wall_s: float) -> dict:
     if not busy or not wall_s:
         return {}
     return {f"GPU busy fraction, {device}": round(s / wall_s, 3) for device, s in sorted(busy.items())}
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (its interpreter's start and imports included), from
+    Linux's /proc; None where that cannot be read."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return round(uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"), 2)  # field 22: start time in ticks
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def startup(before_s: float | None, session_s: float, worker: dict) -> dict:
+    """Where the time before the first round went: this process before it started its GPU session
+    (interpreter, imports, argument checks), the session's start (GPU workers and compile pool,
+    side by side), and the first GPU worker's own start-up, from its process's start to its
+    answer (`worker`: imports, CUDA start); seconds, rounded to 0.1 s."""
+    out = {"this process before the session": before_s, "GPU session start (workers and compile pool)": session_s,
+           "first GPU worker: imports": worker.get("imports_s"),
+           "first GPU worker: CUDA start": (worker["up_s"] - worker["imports_s"]) if "up_s" in worker else None}
+    return {k: round(v, 1) for k, v in out.items() if v is not None}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import time
 import warnings
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -19,6 +20,7 @@ from tritune.kernels.family import ops
 from tritune.records.database import Database, DatabaseError
 from tritune.search import REGISTRY
 from tritune.settings import SETTINGS
+from tritune.tuner import breakdown
 from tritune.tuner.cli import inputs, paths
 from tritune.tuner.cli.inputs import EXIT_USAGE, UsageError, cluster_options, make_expr
 
@@ -60,23 +62,36 @@ def _terminate(signum: int, frame: Any) -> None:
 def tuning(db_path: str | None, options: Any, meanwhile: Any = None) -> Iterator[tuple[Any, Database]]:
     """The GPU session and the database to tune into. A bad database file is reported first and a
     missing GPU next (one line each); the database is created only once the GPU worker is up (the
-    worker's start is the GPU check). `meanwhile` runs while the worker starts."""
+    worker's start is the GPU check). `meanwhile` runs while the worker starts. With `verbose`
+    options, where the start-up's time went is shown first."""
     from tritune.tuner.gpus.start import gpu_session
     from tritune.tuner.worker.local import DeviceLost, WorkerDied
 
     if Path(db_path or SETTINGS.db_path).exists():
         open_db(db_path, must_exist=True).close()  # a bad file is reported before anything else
     with ExitStack() as stack:
+        before, start = breakdown.process_age_s(), time.perf_counter()
         try:
             gpu = stack.enter_context(gpu_session(options, meanwhile))
         except WorkerDied as exc:
             click.echo(f"tune-cli: {exc}", err=True)
             sys.exit(EXIT_NO_GPU)
+        if options.verbose:
+            _show_startup(gpu[0], before, time.perf_counter() - start)
         try:
             yield gpu, open_db(db_path)
         except DeviceLost as exc:  # every device is gone mid-run; what was measured is stored
             click.echo(f"tune-cli: no GPU left to measure on: {exc}", err=True)
             sys.exit(EXIT_NO_GPU)
+
+
+def _show_startup(runner: Any, before_s: float | None, session_s: float) -> None:
+    """Print where the time before the first round went: this process before its session, the
+    session's start, and the first GPU worker's imports and CUDA start (where it reported them)."""
+    from tritune.tuner.cli import display
+
+    first = getattr(runner, "each", [runner])[0]
+    display.out.print(display.startup_table(breakdown.startup(before_s, session_s, getattr(first, "startup", {}))))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

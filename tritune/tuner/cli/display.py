@@ -146,6 +146,16 @@ def summary_table(expr: Any, best: MeasureResult, h2h: dict, gpu: str) -> Table:
     return table
 
 
+def startup_table(times: dict) -> Table:
+    """Where the time before the first round went (`tritune.tuner.breakdown.startup`), in seconds."""
+    table = Table(title="start-up before the run")
+    for col in ("", "seconds"):
+        table.add_column(col, justify="left" if not col else "right")
+    for name, value in times.items():
+        table.add_row(name, f"{value:.1f}")
+    return table
+
+
 def time_table(times: dict) -> Table:
     """Where a run's time went (`tritune.tuner.breakdown.summary`), as seconds and shares of the wall time."""
     table = Table(title="where the time went")

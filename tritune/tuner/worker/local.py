@@ -53,6 +53,7 @@ def _device(index: int | None) -> dict:
 
     from tritune.kernels.device import device_info
 
+    imported = process_age_s()  # the worker's interpreter and imports; CUDA starts below
     if not torch.cuda.is_available():
         raise RuntimeError(NO_GPU)
     count = torch.cuda.device_count()
@@ -60,7 +61,9 @@ def _device(index: int | None) -> dict:
     if index >= count:
         raise RuntimeError(f"there is no CUDA device {index}: this host has {count} (0 to {count - 1})")
     torch.cuda.set_device(index)  # every tensor, stream and kernel of this worker lives there
-    return {**device_info(index), "device": index, "device_count": count}
+    up = process_age_s()
+    started = {"imports_s": imported, "up_s": up} if imported is not None and up is not None else {}
+    return {**device_info(index), "device": index, "device_count": count, "startup": started}
 
 
 def _serve(conn: Any, make_handlers: Callable[[Timing], dict], timing: Timing, parent: int) -> None:
@@ -117,6 +120,7 @@ class LocalRunner(OneRunner):
         self._proc: Any = None
         self._conn: Any = None
         self._info: dict = {}
+        self.startup: dict = {}  # seconds from the worker's process start to its imports and CUDA start
         self._starts = 0
         self._awaiting = False  # the handshake was sent and not yet answered
         self._closed = False  # stopped for good: a measurement cut short by that starts no new worker
@@ -174,6 +178,7 @@ class LocalRunner(OneRunner):
             self._kill()
             self.lost = True
             raise DeviceLost(Status.CRASH, f"GPU worker failed to start: {self._info['message']}")
+        self.startup = self._info.pop("startup", {})  # the worker's own start-up seconds, not a device fact
 
     def _ensure(self) -> None:
         """A live worker that has answered its handshake, started (again) if there is none."""
