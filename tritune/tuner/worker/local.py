@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from tritune.records.result import MeasureResult, Status
 from tritune.schedules.config import Config
-from tritune.tuner.breakdown import Stopwatch
+from tritune.tuner.breakdown import Stopwatch, process_age_s
 from tritune.tuner.worker.failures import classify
 from tritune.tuner.worker.lifeline import bind_to_parent, start_lasting
 from tritune.tuner.timing import Timing
