@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -70,6 +71,7 @@ def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
         started.append(make(device=i, watch=first.watch))
         return started[-1]
 
+    clock = time.perf_counter()
     try:
         first.start()
         # the other devices' workers start beside the first wherever their indices are known or
@@ -83,10 +85,13 @@ def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
             builder.build = fake.build
         else:
             builder.spawn()
+        spawned = time.perf_counter() - clock
         preload()
         if meanwhile is not None:
             meanwhile()
+        prepared = time.perf_counter() - clock
         info = first.device_info()
+        first.startup.update(spawned_s=spawned, prepared_s=prepared, answered_s=time.perf_counter() - clock)
         builder.start(device_target(info), device_limits(info).shared_bytes)
         indices = range(info.get("device_count", 1)) if devices == "all" else devices or ()
         others = [early.pop(i) if i in early else another(i) for i in indices[1:]]
