@@ -30,8 +30,9 @@ def handlers(timing):
 def session_handlers(timing):
     """A worker that looks like an H100 to the session: device facts, measurements, head-to-head."""
     info = {"gpu": "Fake H100", "capability": "9.0", "sms": 132, "shared_bytes": 232448,
-            "triton": "3.x", "torch": "2.x", "startup": {"imports_s": 2.0, "up_s": 3.5}}
-    return {"info": lambda p: dict(info), "measure": measure,
+            "triton": "3.x", "torch": "2.x"}
+    started = {"imported_at": time.time() - 1.5, "up_at": time.time(), "age_s": 3.5}  # as a real worker's
+    return {"info": lambda p: {**info, "startup": started}, "measure": measure,
             "head_to_head": fake_head_to_head}
 
 

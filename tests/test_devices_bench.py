@@ -46,7 +46,7 @@ def test_gpu_busy_per_device_is_read_off_the_verbose_table():
 
 
 def test_the_start_up_table_is_read_apart_from_the_runs_own():
-    started = startup(1.9, 9.6, {"imports_s": 4.2, "up_s": 8.8})
+    started = startup(1.9, 9.6, {"imported_s": 4.2, "up_s": 8.8, "answered_s": 9.5})
     text = verbose_text(summary(8.0, {"check": 1.0, "timing": 3.0}, {}, {"compile": 8.0}, 4), started)
     assert bench.parse_startup(text) == started
     assert bench.parse_verbose(text)[0]["wall"] == 8.0  # the start-up rows are not the run's

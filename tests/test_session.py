@@ -57,8 +57,8 @@ def test_the_summary_says_where_the_time_went(monkeypatch, tmp_path, capsys):
     times = json.loads(summary.read_text())["time"]
     shown = capsys.readouterr().out
     assert "where the time went" in shown and "start-up before the run" in shown
-    assert "first GPU worker: imports" in shown and "first GPU worker: CUDA start" in shown
-    assert "first GPU worker answered at" in shown and "priors loaded at" in shown
+    assert "first GPU worker's imports done at" in shown and "first GPU worker's CUDA up at" in shown
+    assert "first GPU worker's answer came at" in shown and "priors loaded at" in shown
     assert times["wall"] > 0 and 0 <= times["GPU busy fraction"] <= 1
     loop = ("proposal (search over the model)", "model fit", "learning from results", "waiting for measurements",
             "claims (database)", "outside the loop (space, prior, head-to-head)")
@@ -74,11 +74,12 @@ def test_the_start_up_splits_into_this_process_the_session_and_the_workers_own_s
 
     age = process_age_s()
     assert age is not None and 0 < age < 24 * 3600  # this test process's own age, from /proc
-    times = startup(1.26, 9.04, {"imports_s": 3.0, "up_s": 7.52, "spawned_s": 0.31, "prepared_s": 2.5,
-                                 "answered_s": 8.0})
+    times = startup(1.26, 9.04, {"imported_s": 3.0, "up_s": 7.52, "age_s": 7.6, "spawned_s": 0.31,
+                                 "prepared_s": 2.5, "answered_s": 8.0})
     assert times == {"this process before the session": 1.3, "GPU session start (workers and compile pool)": 9.0,
-                     "  processes spawned at": 0.3, "  priors loaded at": 2.5, "  first GPU worker answered at": 8.0,
-                     "first GPU worker: imports": 3.0, "first GPU worker: CUDA start": 4.5}
+                     "session: processes spawned at": 0.3, "session: priors loaded at": 2.5,
+                     "session: first GPU worker's imports done at": 3.0, "session: first GPU worker's CUDA up at": 7.5,
+                     "session: first GPU worker's answer came at": 8.0, "first GPU worker's age then": 7.6}
     assert startup(None, 2.0, {}) == {"GPU session start (workers and compile pool)": 2.0}  # nothing reported
 
 

@@ -116,14 +116,16 @@ def process_age_s() -> float | None:
 
 def startup(before_s: float | None, session_s: float, worker: dict) -> dict:
     """Where the time before the first round went: this process before it started its GPU session
-    (interpreter, imports, argument checks), the session's start (GPU workers and compile pool,
-    side by side) with the moments, counted from its beginning, when every process was spawned,
-    this process had loaded the priors (and run the session's `meanwhile`), and the first GPU
-    worker answered; and that worker's own start-up, from its process's start to its answer
-    (imports, CUDA start). `worker`: what `start_gpu` and the worker reported (seconds)."""
+    (interpreter, imports, argument checks); the session's start (GPU workers and compile pool,
+    side by side), with the moments, counted from its beginning, when every process was spawned,
+    this process had loaded the priors (and run the session's `meanwhile`), the first GPU worker
+    had imported what it runs and started CUDA, and its answer came; and that worker's age when it
+    answered. `worker`: what `start_gpu` and the worker reported (seconds); 0.1 s resolution."""
     out = {"this process before the session": before_s, "GPU session start (workers and compile pool)": session_s,
-           "  processes spawned at": worker.get("spawned_s"), "  priors loaded at": worker.get("prepared_s"),
-           "  first GPU worker answered at": worker.get("answered_s"),
-           "first GPU worker: imports": worker.get("imports_s"),
-           "first GPU worker: CUDA start": (worker["up_s"] - worker["imports_s"]) if "up_s" in worker else None}
+           "session: processes spawned at": worker.get("spawned_s"),
+           "session: priors loaded at": worker.get("prepared_s"),
+           "session: first GPU worker's imports done at": worker.get("imported_s"),
+           "session: first GPU worker's CUDA up at": worker.get("up_s"),
+           "session: first GPU worker's answer came at": worker.get("answered_s"),
+           "first GPU worker's age then": worker.get("age_s")}
     return {k: round(v, 1) for k, v in out.items() if v is not None}

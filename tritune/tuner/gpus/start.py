@@ -71,7 +71,7 @@ def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
         started.append(make(device=i, watch=first.watch))
         return started[-1]
 
-    clock = time.perf_counter()
+    clock, wall = time.perf_counter(), time.time()
     try:
         first.start()
         # the other devices' workers start beside the first wherever their indices are known or
@@ -91,7 +91,7 @@ def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
             meanwhile()
         prepared = time.perf_counter() - clock
         info = first.device_info()
-        first.startup.update(spawned_s=spawned, prepared_s=prepared, answered_s=time.perf_counter() - clock)
+        _timeline(first.startup, wall, spawned_s=spawned, prepared_s=prepared, answered_s=time.perf_counter() - clock)
         builder.start(device_target(info), device_limits(info).shared_bytes)
         indices = range(info.get("device_count", 1)) if devices == "all" else devices or ()
         others = [early.pop(i) if i in early else another(i) for i in indices[1:]]
@@ -107,6 +107,15 @@ def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
             r.close(now=True)
         raise
     return runner, builder
+
+
+def _timeline(startup: dict, wall: float, **moments: float) -> None:
+    """Put the session's start-up moments (seconds since its beginning, at `wall` on the clock) in a
+    worker's `startup`, with the worker's own wall-clock moments turned into the same seconds."""
+    for key in ("imported_at", "up_at"):
+        if key in startup:
+            startup[key.replace("_at", "_s")] = startup.pop(key) - wall
+    startup.update(moments)
 
 
 def visible_gpus() -> int:

@@ -50,10 +50,11 @@ def _device(index: int | None) -> dict:
     """The worker's device facts, after making `index` its device (the worker's start is where a
     missing GPU, or a device that is not there, is found)."""
     import torch
+    import triton  # noqa: F401 - device_info reports its version: imported before "imports" is read
 
     from tritune.kernels.device import device_info
 
-    imported = process_age_s()  # the worker's interpreter and imports; CUDA starts below
+    imported = time.time()  # the worker's interpreter and imports are done; CUDA starts below
     if not torch.cuda.is_available():
         raise RuntimeError(NO_GPU)
     count = torch.cuda.device_count()
@@ -61,9 +62,10 @@ def _device(index: int | None) -> dict:
     if index >= count:
         raise RuntimeError(f"there is no CUDA device {index}: this host has {count} (0 to {count - 1})")
     torch.cuda.set_device(index)  # every tensor, stream and kernel of this worker lives there
-    up = process_age_s()
-    started = {"imports_s": imported, "up_s": up} if imported is not None and up is not None else {}
-    return {**device_info(index), "device": index, "device_count": count, "startup": started}
+    info = device_info(index)
+    # wall clocks (the parent's session reads them on its own clock) and this process's age
+    started = {"imported_at": imported, "up_at": time.time(), "age_s": process_age_s()}
+    return {**info, "device": index, "device_count": count, "startup": started}
 
 
 def _serve(conn: Any, make_handlers: Callable[[Timing], dict], timing: Timing, parent: int) -> None:
@@ -120,7 +122,7 @@ class LocalRunner(OneRunner):
         self._proc: Any = None
         self._conn: Any = None
         self._info: dict = {}
-        self.startup: dict = {}  # seconds from the worker's process start to its imports and CUDA start
+        self.startup: dict = {}  # when the worker had imported and started CUDA (wall clock), its age then
         self._starts = 0
         self._awaiting = False  # the handshake was sent and not yet answered
         self._closed = False  # stopped for good: a measurement cut short by that starts no new worker
