@@ -147,3 +147,25 @@ def test_a_kernel_that_ties_torch_compile_stays_where_the_library_call_is_far_sl
         out = tuning.tune(expr, db, start.TuneOptions(trials=12, batch_size=4))
         assert db.best(expr.key, db.best_rows()[0].device).config.library is None
     assert "library" not in out["best_config"] and out["final_ours_ms"] == 1.0
+
+
+def test_the_device_facts_unpickle_without_importing_torch(monkeypatch):
+    """The tuning process never imports torch; a TorchVersion in the worker's handshake made its
+    unpickling import torch there, seconds before the first round could start."""
+    import pickle
+    from types import SimpleNamespace
+
+    import torch
+
+    from tritune.kernels import device
+
+    facts = [device.device_info.__wrapped__(0)]  # under the interpreter
+    props = SimpleNamespace(name="Fake H100", major=9, minor=0, multi_processor_count=132,
+                            shared_memory_per_block_optin=232448)
+    monkeypatch.setattr(device, "interpreted", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    facts.append(device.device_info.__wrapped__(0))  # on a GPU
+    for each in facts:
+        assert all(type(v) in (str, int, float) for v in each.values()), each
+        assert b"torch_version" not in pickle.dumps(each)

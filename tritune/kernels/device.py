@@ -41,7 +41,7 @@ def device_info(index: int = 0) -> dict:
 
     if interpreted():
         return {"gpu": INTERPRETER, "capability": "0.0", "sms": INTERPRETER_SMS, "shared_bytes": 0,
-                "triton": triton.__version__, "torch": torch.__version__}
+                "triton": triton.__version__, "torch": str(torch.__version__)}
     if not torch.cuda.is_available():  # torch's own error is an AssertionError from deep inside
         raise NoCudaDevice("tuned kernels need a CUDA device; torch finds none on this machine")
     props = torch.cuda.get_device_properties(index)
@@ -49,7 +49,9 @@ def device_info(index: int = 0) -> dict:
         "gpu": props.name, "capability": f"{props.major}.{props.minor}",
         "sms": props.multi_processor_count,
         "shared_bytes": getattr(props, "shared_memory_per_block_optin", 0),
-        "triton": triton.__version__, "torch": torch.__version__,
+        # a plain str: torch's TorchVersion would make whoever unpickles these facts import torch
+        # (the tuning process, which never does otherwise: seconds on its start-up's critical path)
+        "triton": triton.__version__, "torch": str(torch.__version__),
     }
 
 
