@@ -48,7 +48,7 @@ def one(variant: str, pool: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run each variant in a process of its own; a line each, the JSON last."""
+    """Run each variant in a process of its own and print a line for each."""
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--pool", type=int, default=os.cpu_count() or 2, help="compile processes [default: one per core]")
     p.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)

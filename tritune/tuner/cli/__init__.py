@@ -86,8 +86,8 @@ def tuning(db_path: str | None, options: Any, meanwhile: Any = None) -> Iterator
 
 
 def _show_startup(runner: Any, before_s: float | None, session_s: float) -> None:
-    """Print where the time before the first round went: this process before its session, the
-    session's start, and the first GPU worker's imports and CUDA start (where it reported them)."""
+    """Print where the time before the first round went (`breakdown.startup`): this process before
+    its session, the session's start and its moments, as far as the first GPU worker reported them."""
     from tritune.tuner.cli import display
 
     first = getattr(runner, "each", [runner])[0]
