@@ -20,6 +20,7 @@ VARIANTS = ("alone", "pool", "pool+priors")
 def one(variant: str, pool: int) -> dict:
     """Start a worker (and, by variant, the pool and the priors) and time its answers."""
     from tritune.tuner.builder import Builder
+    from tritune.tuner.gpus.start import timeline
     from tritune.tuner.prior import preload
     from tritune.tuner.worker.local import LocalRunner
 
@@ -37,10 +38,9 @@ def one(variant: str, pool: int) -> dict:
     again = time.perf_counter()
     runner.request("info", {"device": None})
     round_trip = time.perf_counter() - again
-    started = runner.startup
-    out = {"variant": variant, "priors_at": round(priors, 2), "imported_at": round(started["imported_at"] - wall, 2),
-           "cuda_up_at": round(started["up_at"] - wall, 2), "answered_at": round(answered, 2),
-           "worker_age": started.get("age_s"), "second_request_ms": round(round_trip * 1e3, 1)}
+    moments = timeline(dict(runner.startup), wall, priors_s=priors, answered_s=answered)
+    out = {"variant": variant, **{k: round(v, 2) for k, v in moments.items() if v is not None},
+           "second_request_ms": round(round_trip * 1e3, 1)}
     if builder is not None:
         builder.close(now=True)
     runner.close(now=True)

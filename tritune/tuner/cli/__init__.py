@@ -90,7 +90,7 @@ def _show_startup(runner: Any, before_s: float | None, session_s: float) -> None
     its session, the session's start and its moments, as far as the first GPU worker reported them."""
     from tritune.tuner.cli import display
 
-    first = getattr(runner, "each", [runner])[0]
+    first = runner.each[0]  # a cluster's hosts report no start-up of their own
     display.out.print(display.startup_table(breakdown.startup(before_s, session_s, getattr(first, "startup", {}))))
 
 

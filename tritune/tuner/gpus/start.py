@@ -91,7 +91,7 @@ def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
             meanwhile()
         prepared = time.perf_counter() - clock
         info = first.device_info()
-        _timeline(first.startup, wall, spawned_s=spawned, prepared_s=prepared, answered_s=time.perf_counter() - clock)
+        timeline(first.startup, wall, spawned_s=spawned, prepared_s=prepared, answered_s=time.perf_counter() - clock)
         builder.start(device_target(info), device_limits(info).shared_bytes)
         indices = range(info.get("device_count", 1)) if devices == "all" else devices or ()
         others = [early.pop(i) if i in early else another(i) for i in indices[1:]]
@@ -109,13 +109,15 @@ def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
     return runner, builder
 
 
-def _timeline(startup: dict, wall: float, **moments: float) -> None:
+def timeline(startup: dict, wall: float, **moments: float) -> dict:
     """Put the session's start-up moments (seconds since its beginning, at `wall` on the clock) in a
-    worker's `startup`, with the worker's own wall-clock moments turned into the same seconds."""
+    worker's `startup`, with the worker's own wall-clock moments turned into the same seconds; that
+    `startup`."""
     for key in ("imported_at", "up_at"):
         if key in startup:
             startup[key.replace("_at", "_s")] = startup.pop(key) - wall
     startup.update(moments)
+    return startup
 
 
 def visible_gpus() -> int:
