@@ -3,7 +3,8 @@ tests/ on PYTHONPATH). The worker takes FAKE_GPU_MS milliseconds per measurement
 of each config it measured to the file FAKE_GPU_LOG (if set); the builder compiles nothing. The host has FAKE_GPU_DEVICES of them (default 1); FAKE_GPU_LOSE="D:N" makes device D fall
 off the bus after N measurements (its worker dies and cannot start again); FAKE_GPU_HANG=N makes every
 device hang from its (N+1)th measurement on. Each measurement's start is logged ("workload config") to
-FAKE_GPU_LOG.started."""
+FAKE_GPU_LOG.started. FAKE_GPU_EARLY=1 has the driver tell the device's facts before the worker is up
+(=wrong: other facts than the worker's)."""
 import os
 import time
 
@@ -23,6 +24,16 @@ def _info(payload: dict) -> dict:
         raise RuntimeError(f"there is no CUDA device {device}")
     _state["device"] = device
     return {**INFO, "device": device, "device_count": count}
+
+
+def early_info(index: int) -> dict | None:
+    """The facts the driver would give before the worker is up (with FAKE_GPU_EARLY=1; =wrong: a
+    GPU other than the one the worker reports)."""
+    early, count = os.environ.get("FAKE_GPU_EARLY"), int(os.environ.get("FAKE_GPU_DEVICES", "1"))
+    if not early or index >= count:
+        return None
+    info = {**INFO, "device": index, "device_count": count}
+    return {**info, "gpu": "Fake A100"} if early == "wrong" else info
 
 
 def _lost_mark(device: int) -> str:

@@ -82,3 +82,19 @@ def ahead_handlers(timing):
         ready = _prepared.get("key") == payload["expr"].key
         return {**fake_head_to_head(payload), "pid": os.getpid(), "ready": ready}
     return {**session_handlers(timing), "prepare": prepare, "head_to_head": answer}
+
+
+
+def gated_session_handlers(timing):
+    """As session_handlers, but the worker answers its handshake only once the file named by
+    FAKE_WORKER_GO exists (at most a minute late), as a real worker answers seconds after its start."""
+    handlers = session_handlers(timing)
+    facts = handlers["info"]
+
+    def info(payload):
+        deadline = time.time() + 60
+        while not os.path.exists(os.environ["FAKE_WORKER_GO"]) and time.time() < deadline:
+            time.sleep(0.02)
+        answer = facts(payload)
+        return {**answer, "startup": {**answer["startup"], "up_at": time.time()}}
+    return {**handlers, "info": info}

@@ -85,6 +85,9 @@ def summary(wall_s: float, tuner: dict, runner: dict, builder: dict, workers: in
     }
     out = {k: round(v, 1) for k, v in out.items()}
     out["GPU busy fraction"] = round(gpu / (devices * wall_s), 3) if wall_s else 0.0
+    waited = runner.get("worker_start", 0.0) / devices  # a run started on the driver's facts waits for its worker
+    if waited >= 0.5 and wall_s > waited:
+        out["GPU busy fraction once its worker was up"] = round(gpu / (devices * (wall_s - waited)), 3)
     out["compile pool busy fraction"] = round(builder.get("compile", 0.0) / (workers * wall_s), 3) if wall_s else 0.0
     return {**out, **_per_device(tuner, wall_s)}
 

@@ -5,6 +5,7 @@ cache hit; the builder reports compile time, shared memory, and failures as stat
 """
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
 import os
 import threading
@@ -20,7 +21,7 @@ from tritune.records.result import Status
 from tritune.schedules.config import Config
 from tritune.tuner.breakdown import Stopwatch
 from tritune.tuner.worker.failures import classify
-from tritune.tuner.worker.lifeline import bind_to_parent, start_lasting
+from tritune.tuner.worker.lifeline import bind_to_parent, leave, start_lasting
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ def _pool_process(parent: int) -> None:
     are all compiling, the proposals otherwise ran three times slower and held the GPU up)."""
     bind_to_parent(parent)
     os.nice(10)
+    # once the pool is shut down, skip the interpreter's finalisation (torch's and Triton's
+    # modules): 16 of them at once held the parent's exit for seconds
+    atexit.register(leave)
 
 
 def import_compiler() -> None:

@@ -62,8 +62,9 @@ def _terminate(signum: int, frame: Any) -> None:
 def tuning(db_path: str | None, options: Any, meanwhile: Any = None) -> Iterator[tuple[Any, Database]]:
     """The GPU session and the database to tune into. A bad database file is reported first and a
     missing GPU next (one line each); the database is created only once the GPU worker is up (the
-    worker's start is the GPU check). `meanwhile` runs while the worker starts. With `verbose`
-    options, where the start-up's time went is shown first."""
+    worker's start is the GPU check, or where the driver told the device's facts ahead, the session's
+    start). `meanwhile` runs while the worker starts. With `verbose` options, where the start-up's
+    time went is shown after the run."""
     from tritune.tuner.gpus.start import gpu_session
     from tritune.tuner.worker.local import DeviceLost, WorkerDied
 
@@ -76,22 +77,27 @@ def tuning(db_path: str | None, options: Any, meanwhile: Any = None) -> Iterator
         except WorkerDied as exc:
             click.echo(f"tune-cli: {exc}", err=True)
             sys.exit(EXIT_NO_GPU)
-        if options.verbose:
-            _show_startup(gpu[0], before, time.perf_counter() - start)
+        session_s = time.perf_counter() - start
         try:
             yield gpu, open_db(db_path)
         except DeviceLost as exc:  # every device is gone mid-run; what was measured is stored
             click.echo(f"tune-cli: no GPU left to measure on: {exc}", err=True)
             sys.exit(EXIT_NO_GPU)
+        if options.verbose:
+            _show_startup(gpu[0], before, session_s)
 
 
 def _show_startup(runner: Any, before_s: float | None, session_s: float) -> None:
-    """Print where the time before the first round went (`breakdown.startup`): this process before
-    its session, the session's start and its moments, as far as the first GPU worker reported them."""
+    """Print where the start-up's time went (`breakdown.startup`): this process before its
+    session, the session's start and its moments, as far as the first GPU worker reported them
+    (after the run: a run may start before its worker has answered)."""
     from tritune.tuner.cli import display
+    from tritune.tuner.gpus.start import timeline
 
     first = runner.each[0]  # a cluster's hosts report no start-up of their own
-    display.out.print(display.startup_table(breakdown.startup(before_s, session_s, getattr(first, "startup", {}))))
+    session = getattr(first, "session", None)
+    moments = timeline(dict(first.startup), session[0], **session[1]) if session else getattr(first, "startup", {})
+    display.out.print(display.startup_table(breakdown.startup(before_s, session_s, moments)))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import importlib
 import os
+import threading
 import time
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
+
+from tritune.kernels.device import driver_facts
 
 from tritune.records.result import Status
 from tritune.settings import SETTINGS
@@ -65,15 +69,17 @@ def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
     make = partial(LocalRunner, timing, timeout_s=timeout_s, seed=seed, judge=True,
                    **({"handlers": fake.handlers} if fake else {}))
     runner = first = make(device=0 if devices == "all" else devices[0] if devices else None)
-    started, builder = [first], None
+    started, builder, ahead = [first], None, {}
 
     def another(i: int) -> LocalRunner:  # a device's runner besides the first, stopped if the start fails
         started.append(make(device=i, watch=first.watch))
+        started[-1].expected = ahead.get(i)
         return started[-1]
 
     clock, wall = time.perf_counter(), time.time()
     try:
         first.start()
+        facts = _facts_ahead(first, fake, devices)
         # the other devices' workers start beside the first wherever their indices are known or
         # can be guessed, so that their CUDA starts overlap; started only once the first had come
         # up, a second device added a whole worker start-up before the loop
@@ -89,9 +95,11 @@ def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
         preload()
         if meanwhile is not None:
             meanwhile()
-        prepared = time.perf_counter() - clock
-        info = first.device_info()
-        timeline(first.startup, wall, spawned_s=spawned, prepared_s=prepared, answered_s=time.perf_counter() - clock)
+        first.session = (wall, {"spawned_s": spawned, "prepared_s": time.perf_counter() - clock})
+        ahead = facts.result()
+        for i, r in [(first.device or 0, first), *early.items()]:
+            r.expected = ahead.get(i)
+        info = first.device_info()  # the driver's facts where it gave them, else the worker's answer
         builder.start(device_target(info), device_limits(info).shared_bytes)
         indices = range(info.get("device_count", 1)) if devices == "all" else devices or ()
         others = [early.pop(i) if i in early else another(i) for i in indices[1:]]
@@ -109,11 +117,40 @@ def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
     return runner, builder
 
 
+def _facts_ahead(first: LocalRunner, fake: Any, devices: tuple[int, ...] | str | None) -> Future:
+    """The facts of every device of the run as the driver gives them (`driver_facts`, or a stand-in
+    GPU's `early_info`), by index, read in a thread while the session starts; a future of {} where
+    the run must wait for its workers' answers instead (TRITUNE_EARLY_START=0, no driver, a device
+    it does not tell, workers whose handlers are not the GPU's)."""
+    done: Future = Future()
+    read = getattr(fake, "early_info", None) if fake else driver_facts if first.on_gpu else None
+    if not SETTINGS.early_start or read is None:
+        done.set_result({})
+        return done
+    head = first.device or 0
+
+    def each() -> dict:
+        facts = {head: read(head)}
+        if facts[head] is None:
+            return {}
+        indices = range(facts[head]["device_count"]) if devices == "all" else devices or ()
+        facts.update({i: read(i) for i in indices if i != head})
+        return facts if all(f is not None for f in facts.values()) else {}
+
+    def reading() -> None:
+        try:
+            done.set_result(each())
+        except Exception:  # noqa: BLE001 - a stand-in that fails: the workers will tell
+            done.set_result({})
+    threading.Thread(target=reading, name="tritune-facts", daemon=True).start()
+    return done
+
+
 def timeline(startup: dict, wall: float, **moments: float) -> dict:
     """Put the session's start-up moments (seconds since its beginning, at `wall` on the clock) in a
     worker's `startup`, with the worker's own wall-clock moments turned into the same seconds; that
     `startup`."""
-    for key in ("imported_at", "up_at"):
+    for key in ("imported_at", "up_at", "answered_at"):
         if key in startup:
             startup[key.replace("_at", "_s")] = startup.pop(key) - wall
     startup.update(moments)

@@ -14,11 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Callable
 
+from tritune.kernels.device import FACT_KEYS
 from tritune.records.result import MeasureResult, Status
 from tritune.schedules.config import Config
 from tritune.tuner.breakdown import Stopwatch, process_age_s
 from tritune.tuner.worker.failures import classify
-from tritune.tuner.worker.lifeline import bind_to_parent, start_lasting
+from tritune.tuner.worker.lifeline import bind_to_parent, leave, start_lasting
 from tritune.tuner.timing import Timing
 from tritune.tuner.worker.protocol import OneRunner
 
@@ -78,7 +79,7 @@ def _serve(conn: Any, make_handlers: Callable[[Timing], dict], timing: Timing, p
         except EOFError:
             return
         if kind == "stop":
-            return
+            leave()
         try:
             conn.send(("ok", handlers[kind](payload)))
         except BaseException as exc:  # noqa: BLE001 - every failure is reported, never raised here
@@ -116,13 +117,19 @@ class LocalRunner(OneRunner):
         self.timing, self.timeout_s, self.seed, self.device = timing, timeout_s, seed, device
         self.host = host or socket.gethostname()  # who measured, in the records: "host:device"
         self.lost = False  # its worker could not be started: the device is gone for this run
+        self._why = ""  # why it is lost
         self._lock = threading.RLock()  # one request at a time (measuring threads may share a device)
         self._handlers = handlers  # replaceable so isolation is testable without a GPU
         self._ctx = mp.get_context("spawn")  # never fork a process that may hold a CUDA context
         self._proc: Any = None
         self._conn: Any = None
         self._info: dict = {}
-        self.startup: dict = {}  # when the worker had imported and started CUDA (wall clock), its age then
+        # device facts read without the worker (`device.driver_facts`), answered before it is up
+        # and checked against its own at its handshake
+        self.expected: dict | None = None
+        # when the worker had imported, started CUDA and answered (wall clock), its age then
+        self.startup: dict = {}
+        self.session: tuple[float, dict] | None = None  # its session's start (wall clock) and moments
         self._starts = 0
         self._awaiting = False  # the handshake was sent and not yet answered
         self._closed = False  # stopped for good: a measurement cut short by that starts no new worker
@@ -132,6 +139,11 @@ class LocalRunner(OneRunner):
         # the one thread that asks the second worker, in order: a head-to-head after the compiles
         # asked for before it, and no caller waits for a compile it did not ask the result of
         self._judge_queue = ThreadPoolExecutor(1, thread_name_prefix="tritune-head-to-head") if judge else None
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether its worker runs the GPU's handlers (not a stand-in's)."""
+        return self._handlers is gpu_handlers
 
     @property
     def restarts(self) -> int:
@@ -174,18 +186,27 @@ class LocalRunner(OneRunner):
         try:
             status, self._info = self._answer(STARTUP_TIMEOUT_S, f"did not start within {STARTUP_TIMEOUT_S:.0f} s")
         except WorkerDied as died:
-            self.lost = True
-            raise DeviceLost(died.status, f"GPU worker failed to start: {died}") from None
+            raise self._lose(died.status, f"GPU worker failed to start: {died}") from None
         if status != "ok":
             self._kill()
-            self.lost = True
-            raise DeviceLost(Status.CRASH, f"GPU worker failed to start: {self._info['message']}")
-        self.startup = self._info.pop("startup", {})  # the worker's own start-up seconds, not a device fact
+            raise self._lose(Status.CRASH, f"GPU worker failed to start: {self._info['message']}")
+        self.startup = {**self._info.pop("startup", {}), "answered_at": time.time()}  # not device facts
+        differ = [k for k in FACT_KEYS if self.expected is not None and self._info.get(k) != self.expected.get(k)]
+        if differ:
+            self._kill()
+            said = ", ".join(f"{k} {self._info.get(k)!r} (the driver said {self.expected.get(k)!r})" for k in differ)
+            raise self._lose(Status.CRASH, f"the GPU worker reports {said}; the run started on the driver's "
+                                           "facts and stops: run again with TRITUNE_EARLY_START=0")
+
+    def _lose(self, status: Status, why: str) -> DeviceLost:
+        """Mark the device lost for this run, for `why`; the error to raise."""
+        self.lost, self._why = True, why
+        return DeviceLost(status, why)
 
     def _ensure(self) -> None:
         """A live worker that has answered its handshake, started (again) if there is none."""
         if self.lost:
-            raise DeviceLost(Status.CRASH, f"GPU {self.name} is lost for this run")
+            raise DeviceLost(Status.CRASH, f"GPU {self.name} is lost for this run ({self._why})")
         with self.watch("worker_start"):
             if self._proc is not None and self._awaiting:
                 self._handshake()
@@ -224,7 +245,10 @@ class LocalRunner(OneRunner):
             return answer
 
     def device_info(self) -> dict:
-        """GPU facts of the current worker, from its start-up handshake (the parent never touches CUDA)."""
+        """GPU facts of the current worker, from its start-up handshake (the parent never starts
+        CUDA), or before that the facts it is `expected` to report, without waiting for it."""
+        if self.expected is not None and not self._info and not self.lost:
+            return self.expected
         with self._lock:
             self._ensure()
         return self._info
@@ -341,6 +365,11 @@ class Runners:
         """No longer be told of runners lent."""
         with self._lock:
             self._listeners.remove(listener)
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether its worker runs the GPU's handlers (not a stand-in's)."""
+        return self._handlers is gpu_handlers
 
     @property
     def restarts(self) -> int:
