@@ -73,7 +73,10 @@ def test_the_check_stores_each_measured_mode_and_reports_failures(tmp_path):
         assert db.graph_verdict("g1", device, "inductor/reduce-overhead") == "tritune"
         assert db.graph_verdict("g1", device, "inductor/max-autotune") is None
     table = check_table(results)
-    assert table.row_count == 3
+    assert table.row_count == 3 and table.caption is None
+    results[0]["seconds"] = {"process and imports": 4.25, "compile by Inductor alone": 9.5}
+    assert check_table(results).caption == ("where the check's time went: default: process and imports 4.2 s, "
+                                            "compile by Inductor alone 9.5 s")
 
 
 def test_without_a_gpu_the_check_says_so_once_per_mode_and_stores_nothing(tmp_path):
@@ -81,6 +84,7 @@ def test_without_a_gpu_the_check_says_so_once_per_mode_and_stores_nothing(tmp_pa
                                       modes=("default", "reduce-overhead"), timeout_s=120)
     assert [r["mode"] for r in results] == ["default", "reduce-overhead"]
     assert all(r["error"].startswith("the model could not be built on the GPU") for r in results), results
+    assert set(results[0]["seconds"]) == {"process and imports", "model built"}  # the start, in the first mode's
     with Database(tmp_path / "t.db") as db:
         assert "graph_verdicts" not in db._db.table_names()
 

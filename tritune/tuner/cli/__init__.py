@@ -169,9 +169,10 @@ def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, acti
 @click.option("--check/--no-check", default=True, show_default=True,
               help="then time the whole compiled model with and without the tuned kernels (default mode and CUDA "
                    "graphs); a graph that is not faster with them is left to Inductor whole")
+@click.option("--verbose", is_flag=True, help="also show where each task's time went, and the start-up's")
 @db_option
 def tune_model(model_spec, input_shapes, dtype, trials, strategy, seed, summary_json, devices, cluster, cluster_wait,
-               dry_run, check, db_path) -> None:
+               dry_run, check, verbose, db_path) -> None:
     """Extract a model's contractions (with their fusable epilogues) and tune each on this GPU."""
     from tritune.tuner.cli import display
     from tritune.tuner.gpus.start import TuneOptions
@@ -182,7 +183,8 @@ def tune_model(model_spec, input_shapes, dtype, trials, strategy, seed, summary_
         display.out.print(display.plan_table(inputs.planned(model_spec, input_shapes, dtype, trials)))
         return
     where = inputs.where(devices, cluster, cluster_wait)
-    options = TuneOptions(strategy=strategy, seed=seed, devices=where[0], cluster=where[1], cluster_wait_s=where[2])
+    options = TuneOptions(strategy=strategy, seed=seed, devices=where[0], cluster=where[1], cluster_wait_s=where[2],
+                          verbose=verbose)
     planned: list = []
     capture = lambda: planned.extend(inputs.planned(model_spec, input_shapes, dtype, trials))  # noqa: E731
     with tuning(db_path, options, capture) as (gpu, db):  # the model is captured while the GPU worker starts

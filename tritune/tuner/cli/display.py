@@ -234,4 +234,7 @@ def check_table(results: Sequence[dict]) -> Table:
                 if "gpu_ratio" in r else ["", "", ""]
             table.add_row(r["mode"], f"{r['tuned_sites']}/{r['sites']}", f"{r['inductor_ms']:.4f}", f"{r['tritune_ms']:.4f}",
                           f"{1 / r['ratio']:.3f}x", *gpu, runs)
+    spent = [f"{r['mode']}: " + ", ".join(f"{k} {v:.1f} s" for k, v in r["seconds"].items())
+             for r in results if r.get("seconds")]
+    table.caption = "where the check's time went: " + "; ".join(spent) if spent else None
     return table

@@ -15,12 +15,14 @@ import multiprocessing as mp
 import os
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
 from tritune.records.database import Database
 from tritune.records.dispatch import graph_mode
 from tritune.records.result import DeviceKey
+from tritune.tuner.breakdown import Stopwatch
 from tritune.tuner.timing import gpu_ms_per_call, in_turns, paired_ratio, per_call_ms, step_caller
 
 MODES = ("default", "reduce-overhead")  # torch.compile's modes the check measures
@@ -73,13 +75,17 @@ def _child(parent: int, spec: str, input_shapes: list[str], dtype: str, db_path:
     import torch
 
     from tritune.errors import first_line
+    from tritune.tuner.breakdown import process_age_s
     from tritune.tuner.model.load import load
 
     results: list[dict] = []
+    start = {"process and imports": process_age_s() or 0.0}
+    clock = time.perf_counter()
     try:
         model, inputs = load(spec, input_shapes, dtype, "cuda", weights="random")
     except Exception as exc:  # noqa: BLE001 - the user's factory, or no GPU: every mode reports it
         model, why = None, f"the model could not be built on the GPU: {first_line(exc)}"
+    start["model built"] = time.perf_counter() - clock
     for mode in modes:
         try:
             if model is None:
@@ -88,6 +94,7 @@ def _child(parent: int, spec: str, input_shapes: list[str], dtype: str, db_path:
                 results.append({"mode": mode, **_measure(model, inputs, db_path, mode, rounds)})
         except Exception as exc:  # noqa: BLE001 - a mode that fails must not cost the others
             results.append({"mode": mode, "error": str(exc) if model is None else first_line(exc)})
+        results[0]["seconds"] = {**start, **results[0].get("seconds", {})}  # the start is the first mode's
         Path(out).write_text(json.dumps(results))
 
 
@@ -106,23 +113,29 @@ def _measure(model: Any, inputs: tuple, db_path: str, mode: str, rounds: int) ->
     backend = tritune.compiler(db_path, mode=compile_mode, graph_verdicts=False)  # what the graphs run alone
     fns = {"tritune": step_caller(torch.compile(model, backend=backend), inputs, cuda_graphs)}
     counters.clear()
-    outs = {"tritune": _first_outputs(fns["tritune"])}
+    watch = Stopwatch()
+    with watch("compile with the tuned kernels"):
+        outs = {"tritune": _first_outputs(fns["tritune"])}
     tuned = sum(kind == "tuned" for _, kind in backend.sites)
     result = {"graphs": sorted(set(backend.graphs)), "tuned_sites": tuned, "sites": len(backend.sites),
               "device": device_key(device_info(), "matmul").to_json()}
     if not backend.graphs:
-        return result  # no tuned site: the graphs reach Inductor untouched, nothing to decide
+        return {**result, "seconds": watch.snapshot()}  # no tuned site: the graphs reach Inductor untouched
     fns["inductor"] = step_caller(torch.compile(model, mode=compile_mode), inputs, cuda_graphs)
-    outs["inductor"] = _first_outputs(fns["inductor"])
+    with watch("compile by Inductor alone"):
+        outs["inductor"] = _first_outputs(fns["inductor"])
     error = outputs_rel_error(outs["tritune"], outs["inductor"])
-    times = in_turns({**fns, "eager": lambda: model(*inputs)}, per_call_ms, rounds)
+    with watch("timed in turns"):
+        times = in_turns({**fns, "eager": lambda: model(*inputs)}, per_call_ms, rounds)
     ratio = paired_ratio(times["tritune"], times["inductor"])
-    gpu = {name: gpu_ms_per_call(fns[name]) for name in ("tritune", "inductor")}
+    with watch("GPU time (profiler)"):
+        gpu = {name: gpu_ms_per_call(fns[name]) for name in ("tritune", "inductor")}
     faster = wins(ratio, gpu["tritune"] / gpu["inductor"], cuda_graphs) and error <= MAX_REL_ERROR
     return {**result, **{f"{name}_ms": statistics.median(t) for name, t in times.items()}, "ratio": ratio,
             **{f"{name}_gpu_ms": ms for name, ms in gpu.items()}, "gpu_ratio": gpu["tritune"] / gpu["inductor"],
             "rel_error": error, "rounds": rounds, "winner": "tritune" if faster else "inductor",
-            "graph_breaks": sum(counters["graph_break"].values()), "frames": dict(counters["frames"])}
+            "graph_breaks": sum(counters["graph_break"].values()), "frames": dict(counters["frames"]),
+            "seconds": watch.snapshot()}
 
 
 def wins(wall_ratio: float, gpu_ratio: float, cuda_graphs: bool) -> bool:
