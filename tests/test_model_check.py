@@ -1,5 +1,6 @@
 """The whole-model check: graph verdicts decide what the backend replays; the check stores them and
 reports a machine without a GPU in one line per mode."""
+import time
 from pathlib import Path
 
 import torch
@@ -106,3 +107,15 @@ def test_in_the_default_mode_the_wall_time_decides():
     # without CUDA graphs the host's launches are part of the step: fewer launches win there
     assert model_check.wins(wall_ratio=0.90, gpu_ratio=1.05, cuda_graphs=False)
     assert not model_check.wins(wall_ratio=0.99, gpu_ratio=0.80, cuda_graphs=False)
+
+
+def test_the_early_check_waits_for_the_tuning_and_is_killed_if_it_never_comes(tmp_path):
+    spec = f"{Path(__file__).parent / 'models.py'}:Awkward"
+    with model_check.EarlyCheck(spec, ["2,3,29", "3,5,7"], "fp32", tmp_path / "t.db", modes=("default",)) as early:
+        time.sleep(3)  # long enough for its start and the model's (failed) build here
+        assert early._proc.is_alive() and not early._out.exists()  # waiting to be told the tuning is done
+        results = early.finish(timeout_s=120)
+    assert [r["mode"] for r in results] == ["default"] and "could not be built" in results[0]["error"]
+    with model_check.EarlyCheck(spec, ["2,3,29", "3,5,7"], "fp32", tmp_path / "t.db") as left:
+        proc = left._proc
+    assert not proc.is_alive()  # a tuning that failed leaves no check behind

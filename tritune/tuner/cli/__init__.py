@@ -187,16 +187,25 @@ def tune_model(model_spec, input_shapes, dtype, trials, strategy, seed, summary_
                           verbose=verbose)
     planned: list = []
     capture = lambda: planned.extend(inputs.planned(model_spec, input_shapes, dtype, trials))  # noqa: E731
-    with tuning(db_path, options, capture) as (gpu, db):  # the model is captured while the GPU worker starts
-        display.out.print(display.plan_table(planned))
-        summaries = tune_planned(planned, db, options, gpu, display.Terminal(), _announce)
-        path = db.path
-    display.out.print(display.result_table(summaries))
     if check and cluster:  # the check compiles and runs the whole model on a GPU of this host
         click.echo("tune-cli: the model check runs on this host's GPU; skipped with --cluster", err=True)
-    checks = _check_model(model_spec, input_shapes, dtype, path) if check and not cluster else []
+    with ExitStack() as stack:
+        early = stack.enter_context(_early_check(model_spec, input_shapes, dtype, db_path)) \
+            if check and not cluster and not SETTINGS.fake_gpu else None
+        with tuning(db_path, options, capture) as (gpu, db):  # the model is captured while the GPU worker starts
+            display.out.print(display.plan_table(planned))
+            summaries = tune_planned(planned, db, options, gpu, display.Terminal(), _announce)
+        display.out.print(display.result_table(summaries))
+        checks = _check_model(early) if early is not None else _no_check(check and not cluster)
     if summary_json:
         Path(summary_json).write_text(json.dumps({"tasks": summaries, "model_check": checks}, indent=2))
+
+
+def _early_check(spec: str, input_shapes: tuple[str, ...], dtype: str, db_path: Any) -> Any:
+    """The whole-model check's process, started before the tuning (`model.check.EarlyCheck`)."""
+    from tritune.tuner.model.check import EarlyCheck
+
+    return EarlyCheck(spec, input_shapes, dtype, db_path or SETTINGS.db_path)
 
 
 def _announce(i: int, n: int, planned: Any, trials: int) -> None:
@@ -206,19 +215,24 @@ def _announce(i: int, n: int, planned: Any, trials: int) -> None:
     console.print(f"[bold]task {i}/{n}[/bold]: {planned.task.describe()}, {trials} trials")
 
 
-def _check_model(spec: str, input_shapes: tuple[str, ...], dtype: str, db_path: Any) -> list[dict]:
-    """The whole model compiled with and without its tuned kernels, timed in each mode (a child
-    process); graph verdicts stored; the table printed; the per-mode results."""
+def _check_model(early: Any) -> list[dict]:
+    """The whole model compiled with and without its tuned kernels, timed in each mode (the early
+    check's process goes on now); graph verdicts stored; the table printed; the per-mode results."""
     from tritune.tuner.cli.display import check_table, console, out
-    from tritune.tuner.model.check import check_model
 
-    if SETTINGS.fake_gpu:  # a stand-in GPU has nothing to compile a model for
-        console.print("the whole-model check needs a real GPU: skipped")
-        return []
     console.print("[bold]checking the whole model[/bold]: compiled by Inductor, with and without the tuned kernels")
-    results = check_model(spec, input_shapes, dtype, db_path)
+    results = early.finish()
     out.print(check_table(results))
     return results
+
+
+def _no_check(asked: bool) -> list[dict]:
+    """Where the check was asked for on a stand-in GPU, say it is skipped."""
+    if asked:
+        from tritune.tuner.cli.display import console
+
+        console.print("the whole-model check needs a real GPU: skipped")
+    return []
 
 
 @cli.command()

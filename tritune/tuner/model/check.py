@@ -6,7 +6,8 @@ and `tritune.compiler` then leaves it to Inductor whole: a tuned model is never 
 torch.compile's, as measured.
 
 The measurement runs in a child process (its own CUDA context: a crash costs only the check),
-timed by `tritune.tuner.timing`.
+timed by `tritune.tuner.timing`; `EarlyCheck` starts it before the tuning, so that its start and
+Inductor's own compiles are paid while the tuner works.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from tritune.records.dispatch import graph_mode
 from tritune.records.result import DeviceKey
 from tritune.tuner.breakdown import Stopwatch
 from tritune.tuner.timing import gpu_ms_per_call, in_turns, paired_ratio, per_call_ms, step_caller
+from tritune.tuner.worker.lifeline import bind_to_parent, start_lasting
 
 MODES = ("default", "reduce-overhead")  # torch.compile's modes the check measures
 # the tuned kernels keep a graph only when it is this much faster than Inductor's: a tie is Inductor's
@@ -37,22 +39,54 @@ def check_model(spec: str, input_shapes: Sequence[str], dtype: str, db_path: str
     """Measure the model (built from `spec` with seeded random weights on the GPU) in each mode in a
     child process, store a graph verdict for every graph with tuned sites, and return one result
     per mode ({'mode', 'error'} where the check failed: no verdict is stored then)."""
-    with tempfile.TemporaryDirectory(prefix="tritune_check_") as tmp:
-        out = Path(tmp) / "check.json"
-        proc = mp.get_context("spawn").Process(
-            target=_child, args=(os.getpid(), spec, list(input_shapes), dtype, str(db_path), list(modes), rounds, str(out)),
-            daemon=True)
-        proc.start()
-        proc.join(timeout_s)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-        results = json.loads(out.read_text()) if out.exists() else []
-    done = {r["mode"] for r in results}
-    why = f"the check's process ended with exit code {proc.exitcode}" if proc.exitcode else f"timed out after {timeout_s:.0f} s"
-    results += [{"mode": m, "error": why} for m in modes if m not in done]
-    _store(db_path, results)
-    return results
+    with EarlyCheck(spec, input_shapes, dtype, db_path, modes, rounds) as check:
+        return check.finish(timeout_s)
+
+
+class EarlyCheck:
+    """The check's child process, started before the tuning: it imports torch, builds the model and
+    compiles (and runs once) Inductor's lowering in each mode while the tuner works (seconds of
+    CPU each, off the tuning's critical path), then waits for `finish`, which has it compile the
+    model with the tuned kernels and time both in turns. Killed on leaving the block unfinished."""
+
+    def __init__(self, spec: str, input_shapes: Sequence[str], dtype: str, db_path: str | Path,
+                 modes: Sequence[str] = MODES, rounds: int = 30) -> None:
+        self.db_path, self.modes = db_path, list(modes)
+        self._tmp = tempfile.TemporaryDirectory(prefix="tritune_check_")
+        self._out = Path(self._tmp.name) / "check.json"
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_child, daemon=True, args=(
+            os.getpid(), child, spec, list(input_shapes), dtype, str(db_path), self.modes, rounds, str(self._out)))
+        start_lasting(self._proc.start)
+        child.close()
+
+    def finish(self, timeout_s: float = 900.0) -> list[dict]:
+        """Let the child measure with the tuned kernels now; its results (stored as graph verdicts)."""
+        try:
+            self._conn.send("go")
+        except (BrokenPipeError, OSError):
+            pass  # it ended already: its results, or the exit code, say why
+        self._proc.join(timeout_s)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+        results = json.loads(self._out.read_text()) if self._out.exists() else []
+        done, code = {r["mode"] for r in results}, self._proc.exitcode
+        why = f"the check's process ended with exit code {code}" if code else f"timed out after {timeout_s:.0f} s"
+        results += [{"mode": m, "error": why} for m in self.modes if m not in done]
+        _store(self.db_path, results)
+        return results
+
+    def __enter__(self) -> "EarlyCheck":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+        self._conn.close()
+        self._tmp.cleanup()
 
 
 def _store(db_path: str | Path, results: Sequence[dict]) -> None:
@@ -66,11 +100,10 @@ def _store(db_path: str | Path, results: Sequence[dict]) -> None:
                     db.save_graph_verdict(graph, device, graph_mode("inductor", r["mode"]), r["winner"], detail)
 
 
-def _child(parent: int, spec: str, input_shapes: list[str], dtype: str, db_path: str, modes: list[str],
+def _child(parent: int, conn: Any, spec: str, input_shapes: list[str], dtype: str, db_path: str, modes: list[str],
            rounds: int, out: str) -> None:
-    """The check's process: each mode measured in turn, results written after each."""
-    from tritune.tuner.worker.lifeline import bind_to_parent
-
+    """The check's process: Inductor's lowering compiled in each mode, then (once told to go) each
+    mode measured in turn, results written after each."""
     bind_to_parent(parent)
     import torch
 
@@ -78,7 +111,6 @@ def _child(parent: int, spec: str, input_shapes: list[str], dtype: str, db_path:
     from tritune.tuner.breakdown import process_age_s
     from tritune.tuner.model.load import load
 
-    results: list[dict] = []
     start = {"process and imports": process_age_s() or 0.0}
     clock = time.perf_counter()
     try:
@@ -86,20 +118,50 @@ def _child(parent: int, spec: str, input_shapes: list[str], dtype: str, db_path:
     except Exception as exc:  # noqa: BLE001 - the user's factory, or no GPU: every mode reports it
         model, why = None, f"the model could not be built on the GPU: {first_line(exc)}"
     start["model built"] = time.perf_counter() - clock
-    for mode in modes:
-        try:
-            if model is None:
-                raise RuntimeError(why)
-            with torch.no_grad():
-                results.append({"mode": mode, **_measure(model, inputs, db_path, mode, rounds)})
-        except Exception as exc:  # noqa: BLE001 - a mode that fails must not cost the others
-            results.append({"mode": mode, "error": str(exc) if model is None else first_line(exc)})
-        results[0]["seconds"] = {**start, **results[0].get("seconds", {})}  # the start is the first mode's
-        Path(out).write_text(json.dumps(results))
+    early: dict[str, Any] = {}
+    with torch.no_grad():
+        for mode in modes if model is not None else ():
+            early[mode] = _inductor(model, inputs, mode)
+        _wait(conn)
+        results: list[dict] = []
+        for mode in modes:
+            try:
+                if model is None:
+                    raise RuntimeError(why)
+                if isinstance(early[mode], Exception):
+                    raise early[mode]
+                results.append({"mode": mode, **_measure(model, inputs, db_path, mode, rounds, *early[mode])})
+            except Exception as exc:  # noqa: BLE001 - a mode that fails must not cost the others
+                results.append({"mode": mode, "error": str(exc) if model is None else first_line(exc)})
+            results[0]["seconds"] = {**start, **results[0].get("seconds", {})}  # the start is the first mode's
+            Path(out).write_text(json.dumps(results))
 
 
-def _measure(model: Any, inputs: tuple, db_path: str, mode: str, rounds: int) -> dict:
-    """Inductor and the tuned kernels in one mode: warmed up, checked against each other, timed in turns."""
+def _wait(conn: Any) -> None:
+    """Until the tuning is done (the parent says go); a parent gone ends the process."""
+    try:
+        conn.recv()
+    except (EOFError, OSError):
+        os._exit(0)
+
+
+def _inductor(model: Any, inputs: tuple, mode: str) -> tuple | Exception:
+    """Inductor's lowering of the model in `mode`, compiled and run (`_first_outputs`): the step
+    caller, its outputs and the seconds it took; or what it raised."""
+    import torch
+
+    start = time.perf_counter()
+    try:
+        fn = step_caller(torch.compile(model, mode=None if mode == "default" else mode), inputs, mode != "default")
+        return fn, _first_outputs(fn), time.perf_counter() - start
+    except Exception as exc:  # noqa: BLE001 - reported as the mode's failure
+        return exc
+
+
+def _measure(model: Any, inputs: tuple, db_path: str, mode: str, rounds: int, inductor: Any, inductor_out: Any,
+             inductor_s: float) -> dict:
+    """Inductor (`inductor`, compiled ahead) and the tuned kernels in one mode: warmed up, checked
+    against each other, timed in turns."""
     import torch
 
     import tritune
@@ -114,6 +176,7 @@ def _measure(model: Any, inputs: tuple, db_path: str, mode: str, rounds: int) ->
     fns = {"tritune": step_caller(torch.compile(model, backend=backend), inputs, cuda_graphs)}
     counters.clear()
     watch = Stopwatch()
+    watch.add("compile by Inductor alone (ahead)", inductor_s)
     with watch("compile with the tuned kernels"):
         outs = {"tritune": _first_outputs(fns["tritune"])}
     tuned = sum(kind == "tuned" for _, kind in backend.sites)
@@ -121,9 +184,7 @@ def _measure(model: Any, inputs: tuple, db_path: str, mode: str, rounds: int) ->
               "device": device_key(device_info(), "matmul").to_json()}
     if not backend.graphs:
         return {**result, "seconds": watch.snapshot()}  # no tuned site: the graphs reach Inductor untouched
-    fns["inductor"] = step_caller(torch.compile(model, mode=compile_mode), inputs, cuda_graphs)
-    with watch("compile by Inductor alone"):
-        outs["inductor"] = _first_outputs(fns["inductor"])
+    fns["inductor"], outs["inductor"] = inductor, inductor_out
     error = outputs_rel_error(outs["tritune"], outs["inductor"])
     with watch("timed in turns"):
         times = in_turns({**fns, "eager": lambda: model(*inputs)}, per_call_ms, rounds)
