@@ -14,7 +14,6 @@ from functools import partial
 from typing import Any, Callable, Iterator
 
 from tritune.kernels.device import driver_facts
-
 from tritune.records.result import Status
 from tritune.settings import SETTINGS
 from tritune.tuner.builder import Builder
@@ -64,7 +63,9 @@ def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
     one for the head-to-head) and the compile pool together; while the first worker comes up
     (seconds of imports and CUDA start), the pool's processes start and import the compiler, and
     this process loads what the run will need and runs `meanwhile` (e.g. capturing a model); then
-    the pool gets the device's target. The pool is one per host, shared by every device."""
+    the pool gets the device's target. The pool is one per host, shared by every device. Where the
+    CUDA driver tells the devices' facts (`_facts_ahead`), the session returns without waiting for
+    the workers, which check those facts at their handshakes, before anything is measured."""
     fake = importlib.import_module(SETTINGS.fake_gpu) if SETTINGS.fake_gpu else None
     make = partial(LocalRunner, timing, timeout_s=timeout_s, seed=seed, judge=True,
                    **({"handlers": fake.handlers} if fake else {}))
