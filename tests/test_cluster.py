@@ -78,8 +78,9 @@ def kill_when(proc, log, n):
 
 def test_a_cluster_tunes_several_workloads_and_a_killed_host_loses_nothing(scheduler, hosts, tmp_path):
     # a measures one candidate and hangs on its second (both sent to it at once, as the first
-    # workload on it starts: it takes two at a time), and is killed then
-    started_hosts = hosts(a={"FAKE_GPU_HANG": "1"}, b={"FAKE_GPU_DEVICES": "2"})
+    # workload on it starts: it takes two at a time), and is killed then; b's two GPUs start on
+    # the facts its driver gives ahead of their workers
+    started_hosts = hosts(a={"FAKE_GPU_HANG": "1"}, b={"FAKE_GPU_DEVICES": "2", "FAKE_GPU_EARLY": "1"})
     a, a_log = started_hosts["a"]
     killer = kill_when(a, a_log, 2)
     # convolutions: their spaces are enumerated in a fraction of a second (a matmul's takes seconds)
