@@ -84,7 +84,6 @@ def ahead_handlers(timing):
     return {**session_handlers(timing), "prepare": prepare, "head_to_head": answer}
 
 
-
 def gated_session_handlers(timing):
     """As session_handlers, but the worker answers its handshake only once the file named by
     FAKE_WORKER_GO exists (at most a minute late), as a real worker answers seconds after its start."""

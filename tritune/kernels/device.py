@@ -91,8 +91,9 @@ def driver_facts(index: int = 0) -> dict | None:
         return None
 
 
+@lru_cache(maxsize=1)
 def torch_version() -> str:
-    """torch's `__version__`, read from its version file without importing torch (seconds)."""
+    """torch's `__version__`, read from its version file without importing torch (seconds); read once."""
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError("torch")

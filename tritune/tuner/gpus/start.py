@@ -123,11 +123,10 @@ def _facts_ahead(first: LocalRunner, fake: Any, devices: tuple[int, ...] | str |
     GPU's `early_info`), by index, read in a thread while the session starts; a future of {} where
     the run must wait for its workers' answers instead (TRITUNE_EARLY_START=0, no driver, a device
     it does not tell, workers whose handlers are not the GPU's)."""
-    done: Future = Future()
     read = getattr(fake, "early_info", None) if fake else driver_facts if first.on_gpu else None
     if not SETTINGS.early_start or read is None:
-        done.set_result({})
-        return done
+        read = lambda index: None  # noqa: E731 - no facts ahead: the workers' answers decide
+    done: Future = Future()
     head = first.device or 0
 
     def each() -> dict:
