@@ -5,7 +5,9 @@ at 16 rows and 1, fp16: `two kernels` (phase 1, an N1 tile per program; phase 2,
 a K slice per program, split-K with the contraction template's fixup), `persistent` (one program
 per SM: its phase-1 tiles, h to a scratch, a grid-wide barrier, its phase-2 tiles; PREFETCH asks
 the L2 for the program's first phase-2 weight slice, which does not depend on h: 1 before the
-barrier, 2 before phase 1) and `library` (torch: linear, gelu or silu * up, linear, add).
+barrier, 2 before phase 1; 3 and 4 load the slice's first columns, up to PRE_ELEMS elements,
+into registers: 3 before phase 1, 4 before the barrier) and `library` (torch: linear, gelu or
+silu * up, linear, add).
 
 A config (BLOCK_N, BLOCK_K, warps, stages) serves both phases; phase 2's split is the largest
 power of two keeping its tiles within the SMs. Each config is checked against float64 (a
@@ -44,7 +46,16 @@ SPIN_LIMIT = 2**22  # polls of the barrier's counter (~1 us each) before a progr
 # name: (M, K1, N1, N2, gated)
 SHAPES = {"gpt2": (16, 1024, 4096, 1024, False), "llama": (16, 2048, 5632, 2048, True),
           "gpt2-m1": (1, 1024, 4096, 1024, False), "llama-m1": (1, 2048, 5632, 2048, True)}
-KNOBS = dict(BLOCK_N=(32, 64, 128), BLOCK_K=(128, 256), num_warps=(4, 8), num_stages=(3, 4), PREFETCH=(0, 1, 2))
+KNOBS = dict(BLOCK_N=(32, 64, 128), BLOCK_K=(128, 256), num_warps=(4, 8), num_stages=(3, 4), PREFETCH=(0, 1, 2, 3, 4),
+             PRE_ELEMS=(32768,))  # PREFETCH 3 and 4: the most weight elements a program holds in registers
+
+
+def pre_k(shape: tuple, c: dict, split: int) -> int:
+    """PREFETCH 3 and 4: the weight columns of its K slice a program loads ahead, a power of two
+    within the slice and PRE_ELEMS // BLOCK_N (at least one K block)."""
+    per = triton.cdiv(triton.cdiv(shape[2], c["BLOCK_K"]), split) * c["BLOCK_K"]
+    cap = min(per, max(c["BLOCK_K"], c.get("PRE_ELEMS", KNOBS["PRE_ELEMS"][0]) // c["BLOCK_N"]))
+    return 1 << (cap.bit_length() - 1)
 
 
 @triton.jit
@@ -113,6 +124,43 @@ def _phase2_tile(t, H, W2, B2, R, Y, WS, LOCKS, M, N1, N2, HAS_BIAS: tl.constexp
 
 
 @triton.jit
+def _preload(t, W2, N1, N2, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRE_K: tl.constexpr):
+    # phase-2 tile t's first PRE_K weight columns of its K slice, into registers (none for a t
+    # past the last tile): the load does not depend on h, so it runs while phase 1 does
+    pid_n, _, lo, hi = _slice(t, N1, N2, SPLIT, BLOCK_N, BLOCK_K)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = lo * BLOCK_K + tl.arange(0, PRE_K)
+    # a t past the last tile has a slice starting past N1: all masked
+    mask = (rows[:, None] < N2) & (ks[None, :] < tl.minimum(hi * BLOCK_K, N1))
+    return tl.load(W2 + rows[:, None] * N1 + ks[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _phase2_preloaded(t, wpre, H, W2, B2, R, Y, WS, LOCKS, M, N1, N2, HAS_BIAS: tl.constexpr,
+                      SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      PRE_K: tl.constexpr):
+    # phase-2 tile t with its slice's first PRE_K columns already in registers (`_preload`)
+    pid_n, split, lo, hi = _slice(t, N1, N2, SPLIT, BLOCK_N, BLOCK_K)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = lo * BLOCK_K + tl.arange(0, PRE_K)
+    h = tl.load(H + offs_m[:, None] * N1 + ks[None, :], cache_modifier=".cg", other=0.0,
+                mask=(offs_m[:, None] < M) & (ks[None, :] < tl.minimum(hi * BLOCK_K, N1)))
+    acc = tl.dot(h, tl.trans(wpre))
+    rest, _ = _tile_dot(H, W2, offs_n, M, N2, N1, lo + PRE_K // BLOCK_K, hi, False, BLOCK_M, BLOCK_N, BLOCK_K)
+    acc += rest
+    last = True
+    if SPLIT > 1:
+        acc, last = _split_fixup(acc, WS, LOCKS, pid_n, split, BLOCK_M, BLOCK_N, SPLIT)
+    if last:
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N2)
+        if HAS_BIAS:
+            acc += tl.load(B2 + offs_n, mask=offs_n < N2, other=0.0).to(tl.float32)[None, :]
+        acc += tl.load(R + offs_m[:, None] * N2 + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+        tl.store(Y + offs_m[:, None] * N2 + offs_n[None, :], acc.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _prefetch_tile(t, W2, N1, N2, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # asks the L2 for phase-2 tile t's weight slice, one 128-byte line (64 fp16) per address
     pid_n, _, lo, hi = _slice(t, N1, N2, SPLIT, BLOCK_N, BLOCK_K)
@@ -148,21 +196,36 @@ def _grid_barrier(BAR, ERR, LIMIT: tl.constexpr):
 @triton.jit(do_not_specialize=["M"])
 def chain_kernel(X, W1, B1, W2, B2, R, H, Y, WS, LOCKS, BAR, ERR, M, K1, N1, N2, GATED: tl.constexpr,
                  HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, PHASE: tl.constexpr, PREFETCH: tl.constexpr, LIMIT: tl.constexpr):
-    # PHASE 0: both phases, one program per SM (persistent); 1 or 2: that phase, a tile per program
+                 BLOCK_K: tl.constexpr, PHASE: tl.constexpr, PREFETCH: tl.constexpr, LIMIT: tl.constexpr,
+                 PRE_K: tl.constexpr = 0):
+    # PHASE 0: both phases, one program per SM (persistent); 1 or 2: that phase, a tile per program.
+    # PREFETCH 3 loads the program's first phase-2 weight columns (PRE_K of its slice) into
+    # registers before phase 1, 4 after it (before the barrier); 1 and 2 ask the L2 instead
     pid, grid = tl.program_id(0), tl.num_programs(0)
     if PHASE == 0 and PREFETCH == 2:
         _prefetch_tile(pid, W2, N1, N2, SPLIT, BLOCK_N, BLOCK_K)
+    if PREFETCH == 3:
+        wpre = _preload(pid, W2, N1, N2, SPLIT, BLOCK_N, BLOCK_K, PRE_K)
     if PHASE != 2:
         for t in range(pid, tl.cdiv(N1, BLOCK_N), grid):
             _phase1_tile(t, X, W1, B1, H, M, K1, N1, GATED, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K)
+    if PREFETCH == 4:
+        wpre = _preload(pid, W2, N1, N2, SPLIT, BLOCK_N, BLOCK_K, PRE_K)
     if PHASE == 0:
         if PREFETCH == 1:
             _prefetch_tile(pid, W2, N1, N2, SPLIT, BLOCK_N, BLOCK_K)
         _grid_barrier(BAR, ERR, LIMIT)
     if PHASE != 1:
         for t in range(pid, tl.cdiv(N2, BLOCK_N) * SPLIT, grid):
-            _phase2_tile(t, H, W2, B2, R, Y, WS, LOCKS, M, N1, N2, HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N, BLOCK_K)
+            if PREFETCH >= 3:
+                if t == pid:
+                    _phase2_preloaded(t, wpre, H, W2, B2, R, Y, WS, LOCKS, M, N1, N2, HAS_BIAS, SPLIT, BLOCK_M,
+                                      BLOCK_N, BLOCK_K, PRE_K)
+                else:
+                    _phase2_tile(t, H, W2, B2, R, Y, WS, LOCKS, M, N1, N2, HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N,
+                                 BLOCK_K)
+            else:
+                _phase2_tile(t, H, W2, B2, R, Y, WS, LOCKS, M, N1, N2, HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 def split_of(n2: int, n1: int, c: dict, sms: int) -> int:
@@ -221,7 +284,8 @@ def binaries(shape: tuple, c: dict, split: int) -> list[dict]:
     common = dict(GATED=gated, HAS_BIAS=not gated, SPLIT=split, BLOCK_M=16, BLOCK_N=c["BLOCK_N"],
                   BLOCK_K=c["BLOCK_K"], LIMIT=SPIN_LIMIT, num_warps=c["num_warps"], num_stages=c["num_stages"])
     phases = ((0, c["PREFETCH"]), (1, 0), (2, 0)) if c["PREFETCH"] == 0 else ((0, c["PREFETCH"]),)
-    return [dict(common, PHASE=phase, PREFETCH=prefetch) for phase, prefetch in phases]
+    pre = pre_k(shape, c, split) if c["PREFETCH"] >= 3 else 0
+    return [dict(common, PHASE=phase, PREFETCH=prefetch, PRE_K=pre) for phase, prefetch in phases]
 
 
 def two_kernels(o: dict, shape: tuple, c: dict, split: int) -> None:
@@ -253,7 +317,9 @@ def configs(grid: str = "") -> list[dict]:
     """The persistent configs of a grid 'KNOB=v1,v2;KNOB=v' over the defaults (the two-kernel path
     runs those with PREFETCH 0)."""
     knobs = {**KNOBS, **{k: [int(v) for v in vs.split(",")] for k, vs in (p.split("=") for p in grid.split(";") if p)}}
-    return [dict(zip(knobs, values)) for values in itertools.product(*knobs.values())]
+    every = [dict(zip(knobs, values)) for values in itertools.product(*knobs.values())]
+    # PRE_ELEMS matters only where a program preloads (PREFETCH 3 and 4)
+    return [c for c in every if c["PREFETCH"] >= 3 or c["PRE_ELEMS"] == knobs["PRE_ELEMS"][0]]
 
 
 def check_cpu() -> None:
@@ -264,8 +330,10 @@ def check_cpu() -> None:
     bad = 0
     for shape, (bn, bk), split, path in itertools.product(
             ((3, 96, 80, 72, False), (3, 96, 80, 72, True), (1, 96, 80, 72, True)), ((32, 64), (16, 32)),
-            (1, 2, 4), ("two kernels", "persistent")):  # split 4 of 3 K blocks of 32: the last one empty
-        c = dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=4, num_stages=3, PREFETCH=0)
+            (1, 2, 4), ("two kernels", "persistent", "persistent P=3", "persistent P=4")):
+        # split 4 of 3 K blocks of 32: the last one empty; P=3 and 4 preload the first tile's slice
+        c = dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=4, num_stages=3, PREFETCH=int(path[-1]) if "=" in path else 0,
+                 PRE_ELEMS=2 * bn * bk)
         o = operands(shape, "cpu", torch.float32, seed=split)
         for _ in range(2):  # the second call's tickets name the second launch
             two_kernels(o, shape, c, split) if path == "two kernels" else persistent(o, shape, c, split, 1)
