@@ -33,12 +33,14 @@ class Prior:
     X: np.ndarray
     y: np.ndarray
     groups: np.ndarray
+    compile_s: np.ndarray | None = None  # each row's compile seconds (0: it did not build), if known
 
     @classmethod
     def of(cls, expr: Any, limits: Limits, results: Sequence[MeasureResult]) -> "Prior":
         """One workload's measured results as a prior of one group."""
         X, y = training_set(expr, limits, results)
-        return cls(X, y, np.zeros(len(y), dtype=np.int64))
+        seconds = np.array([r.compile_s for r in results if r.config.library is None], dtype=np.float64)
+        return cls(X, y, np.zeros(len(y), dtype=np.int64), seconds)
 
     @staticmethod
     def merge(*priors: "Prior | None") -> "Prior | None":
@@ -47,5 +49,7 @@ class Prior:
         if not given:
             return None
         offsets = np.cumsum([0] + [int(p.groups.max()) + 1 for p in given[:-1]])
+        timed = all(p.compile_s is not None for p in given)
         return Prior(np.concatenate([p.X for p in given]), np.concatenate([p.y for p in given]),
-                     np.concatenate([p.groups + o for p, o in zip(given, offsets)]))
+                     np.concatenate([p.groups + o for p, o in zip(given, offsets)]),
+                     np.concatenate([p.compile_s for p in given]) if timed else None)

@@ -14,10 +14,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from tritune.cost_model.compile_cost import CompileCost
 from tritune.cost_model.dataset import labels
 from tritune.schedules.config import Config
 from tritune.search.base import Strategy
 from tritune.search.annealing import SimulatedAnnealing
+
+# rank units a config gives up for each doubling of its predicted compile time over the typical
+COMPILE_WEIGHT = 1.0
 
 
 class ModelBasedStrategy(Strategy):
@@ -25,7 +29,7 @@ class ModelBasedStrategy(Strategy):
 
     def __init__(self, *args: Any, model: Any = None, prior_model: Any = None, plan_size: int = 8,
                  eps: float = 0.1, min_train: int = 8, diversity: float = 0.3, candidates: int = 4,
-                 local: float = 0.375, **kwargs: Any) -> None:
+                 local: float = 0.375, compile_weight: float = COMPILE_WEIGHT, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self.features is None:
             raise ValueError("a model-based strategy needs a features function of the task")
@@ -35,6 +39,8 @@ class ModelBasedStrategy(Strategy):
         self.prior_model = XGBCostModel(seed=self.seed) if prior_model is None else prior_model
         self.plan_size, self.eps = plan_size, eps
         self.min_train, self.diversity, self.candidates, self.local = min_train, diversity, candidates, local
+        self.compile_cost = CompileCost(self.seed, self.prior) if compile_weight else None
+        self.compile_weight = compile_weight
         self.optimizer = SimulatedAnnealing(self.space, self.rng)
         self._cache: dict[Config, np.ndarray] = {}
         self._margins: dict[Config, float] = {}  # the prior model's score of each config
@@ -51,6 +57,8 @@ class ModelBasedStrategy(Strategy):
         fits it while it enumerates the space); not counted in `fit_s`, whose seconds are the
         proposals'."""
         self._fit_prior()
+        if self.compile_cost is not None:
+            self.compile_cost.fit_prior()
 
     def _propose(self, n: int) -> list[Config]:
         if not self._fit():
@@ -59,7 +67,7 @@ class ModelBasedStrategy(Strategy):
         picks = self._local_picks(round(n * self.local))
         ranked = self.optimizer.top(self._score, self.candidates * n, exclude=self.seen | set(picks),
                                     starts=self._best(4))
-        picks += diverse_pick(ranked, n - n_random - len(picks), self.diversity)
+        picks += diverse_pick(ranked, n - n_random - len(picks), self.diversity, self._dearer([c for _, c in ranked]))
         picks += self.space.sample(self.rng, n - len(picks), exclude=self.seen | set(picks))
         return self._cover_paths(picks, n)
 
@@ -90,6 +98,12 @@ class ModelBasedStrategy(Strategy):
         order = np.argsort(-self._score(near))
         return [near[i] for i in order[:n]]
 
+    def _dearer(self, configs: Sequence[Config]) -> np.ndarray | None:
+        """How much dearer than the measured ones each config is predicted to compile, weighted
+        (`CompileCost.dearer` times `compile_weight`); None until the compile times are learnt."""
+        dearer = self.compile_cost.dearer(self._rows(configs)) if self.compile_cost and configs else None
+        return None if dearer is None else self.compile_weight * dearer
+
     def _fit(self) -> bool:
         """Refit on this workload's trials when there is news (the prior model is fitted once,
         first); False while there is too little to rank by."""
@@ -114,6 +128,8 @@ class ModelBasedStrategy(Strategy):
             configs = [r.config for r in own]
             self.model.fit(self._rows(configs), labels(own), np.zeros(len(own)), base_margin=self._margin(configs))
             self._fitted_on = len(own)
+            if self.compile_cost is not None:
+                self.compile_cost.fit(self._rows(configs), [r.compile_s for r in own])
         return True
 
     def _rows(self, configs: Sequence[Config]) -> np.ndarray:
@@ -141,17 +157,20 @@ class ModelBasedStrategy(Strategy):
         return [r.config for r in ok[:k]]
 
 
-def diverse_pick(ranked: list[tuple[float, Config]], n: int, weight: float) -> list[Config]:
-    """Greedy picks trading rank against knob values not yet covered by earlier picks."""
-    pool = [c for _, c in ranked]
+def diverse_pick(ranked: list[tuple[float, Config]], n: int, weight: float,
+                 dearer: np.ndarray | None = None) -> list[Config]:
+    """Greedy picks trading rank against knob values not yet covered by earlier picks and, given
+    `dearer` (per ranked config, in rank units), against the compile time it is predicted to cost."""
+    costs = np.zeros(len(ranked)) if dearer is None else dearer
+    pool = [(c, float(cost)) for (_, c), cost in zip(ranked, costs)]
     chosen: list[Config] = []
     covered: set[tuple[str, Any]] = set()
     while pool and len(chosen) < n:
         def gain(i: int) -> float:
-            new = sum((k, pool[i][k]) not in covered for k in pool[i])
-            return (1 - i / len(ranked)) + weight * new / len(pool[i])
-        best = max(range(len(pool)), key=gain)
-        config = pool.pop(best)
+            config, cost = pool[i]
+            new = sum((k, config[k]) not in covered for k in config)
+            return (1 - i / len(ranked)) + weight * new / len(config) - cost
+        config, _ = pool.pop(max(range(len(pool)), key=gain))
         chosen.append(config)
         covered.update(config.items())
     return chosen
