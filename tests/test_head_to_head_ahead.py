@@ -1,6 +1,8 @@
 """The run's start and end off the critical path: the head-to-head's alternatives compiled ahead in a
 second worker while the search measures in the first, and the prior learned while the space is
 enumerated. Real worker processes with stand-in handlers (tests/fake_worker.py); no GPU, no clocks."""
+import threading
+
 import numpy as np
 
 import fake_worker
@@ -78,3 +80,27 @@ def test_a_prior_learned_in_a_thread_beside_the_space_proposes_the_same(tmp_path
     assert warmed.prior_model.fits == [(64, 1)] and cold.prior_model.fits == [] and warmed.fit_s == 0.0
     assert warmed.propose(8) == cold.propose(8)
     assert warmed.prior_model.fits == cold.prior_model.fits == [(64, 1)]  # learned once either way
+
+
+def test_an_idle_second_worker_is_stopped_not_killed():
+    """Killed, a worker leaves a semaphore it made (tqdm's, in torch.compile) to the resource
+    tracker, which warns after the run's last line: once the head-to-head is done, it is stopped."""
+    with LocalRunner(handlers=fake_worker.ahead_handlers, judge=True) as runner:
+        runner.start()
+        runner.prepare_head_to_head(EXPR)
+        runner.head_to_head(EXPR, MM)
+        judge = runner._judge._proc
+    assert judge.exitcode == 0  # `leave`: stopped; a kill is -9
+
+
+def test_a_second_worker_still_answering_is_killed():
+    runner = LocalRunner(handlers=fake_worker.ahead_handlers, judge=True)
+    runner.start()
+    runner.prepare_head_to_head(EXPR)
+    runner.head_to_head(EXPR, MM)
+    judge = runner._judge._proc
+    with runner._judge._lock:
+        asking = threading.Thread(target=runner.close)  # while this thread awaits the judge's answer
+        asking.start()
+        asking.join()
+    assert judge.exitcode == -9

@@ -81,3 +81,26 @@ def test_a_pool_started_from_a_thread_that_ended_still_ends_with_its_parent():
             break
         time.sleep(0.01)
     assert not any(_alive(pid) for pid in children)
+
+
+def test_a_child_that_leaves_at_once_leaves_no_semaphore_to_the_resource_tracker(tmp_path):
+    """`leave` skips the interpreter's teardown, not multiprocessing's: a lock a library made and
+    kept in a GPU worker (tqdm's, when torch.fx runs a graph) is cleaned up, and the resource
+    tracker has nothing to warn of after the parent's last line."""
+    script = tmp_path / "parent.py"  # spawn finds the child's function by importing its file
+    script.write_text(
+        "import multiprocessing as mp, sys\nsys.path.insert(0, %r)\n"
+        "from tritune.tuner.worker.lifeline import leave\n"
+        "def child():\n"
+        "    import multiprocessing\n"
+        "    child.kept = multiprocessing.RLock()\n"
+        "    leave()\n"
+        "if __name__ == '__main__':\n"
+        "    ctx = mp.get_context('spawn')\n"
+        "    own = ctx.Lock()  # the parent uses the tracker too, as its pool's queues do\n"
+        "    p = ctx.Process(target=child)\n"
+        "    p.start(); p.join()\n"
+        "    print('child exit', p.exitcode)\n" % str(TESTS.parent))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "child exit 0", (done.stdout, done.stderr)
+    assert "leaked semaphore" not in done.stderr, done.stderr

@@ -20,7 +20,12 @@ T = TypeVar("T")
 def leave() -> None:
     """End this child now, its output flushed, when its work is done: it holds nothing that needs
     tearing down, and a normal exit finalises torch, Triton and a CUDA context, seconds that its
-    parent would wait for."""
+    parent would wait for. Multiprocessing's own clean-up runs first, as at a normal exit: a
+    semaphore made here and kept (tqdm keeps a lock it makes when torch.fx runs a graph) would
+    otherwise be left to the resource tracker, which warns of it after the parent's last line."""
+    from multiprocessing import util
+
+    util._run_finalizers(0)  # noqa: SLF001 - the finalisers a normal exit runs, torch's excepted
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(0)

@@ -146,6 +146,14 @@ class LocalRunner(OneRunner):
         return self._handlers is gpu_handlers
 
     @property
+    def busy(self) -> bool:
+        """Whether another thread is waiting for this worker's answer now."""
+        if not self._lock.acquire(blocking=False):
+            return True
+        self._lock.release()
+        return False
+
+    @property
     def restarts(self) -> int:
         """How many times a worker was replaced after a crash or timeout."""
         return max(0, self._starts - 1)
@@ -317,10 +325,13 @@ class LocalRunner(OneRunner):
     def close(self, now: bool = False) -> None:
         """Stop the worker: let it finish its request, or (`now`: the run was interrupted) kill it."""
         self._closed = True
-        if self._judge is not None:
-            self._judge.close(now=True)  # at most compiling ahead for a head-to-head that will not come
         if self._judge_queue is not None:
             self._judge_queue.shutdown(wait=False, cancel_futures=True)
+        if self._judge is not None:
+            # stopped when idle: a killed worker leaves what it made to the resource tracker, which
+            # warns of it (tqdm's lock, made when the head-to-head's torch.compile runs a graph);
+            # killed while still compiling ahead for a head-to-head that will not come
+            self._judge.close(now=now or self._judge.busy)
         if not now and self._proc is not None and self._proc.is_alive():
             try:
                 self._conn.send(("stop", {}))
@@ -370,6 +381,14 @@ class Runners:
     def on_gpu(self) -> bool:
         """Whether its worker runs the GPU's handlers (not a stand-in's)."""
         return self._handlers is gpu_handlers
+
+    @property
+    def busy(self) -> bool:
+        """Whether another thread is waiting for this worker's answer now."""
+        if not self._lock.acquire(blocking=False):
+            return True
+        self._lock.release()
+        return False
 
     @property
     def restarts(self) -> int:
