@@ -106,12 +106,11 @@ def _slice(t, N1, N2, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.co
 
 
 @triton.jit
-def _phase2_tile(t, H, W2, B2, R, Y, WS, LOCKS, M, N1, N2, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_n, split, lo, hi = _slice(t, N1, N2, SPLIT, BLOCK_N, BLOCK_K)
+def _phase2_store(acc, pid_n, split, B2, R, Y, WS, LOCKS, M, N2, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # a phase-2 tile's K slice summed: the split's fixup, then (by the last slice) bias, residual, store
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc, _ = _tile_dot(H, W2, offs_n, M, N2, N1, lo, hi, False, BLOCK_M, BLOCK_N, BLOCK_K)
     last = True
     if SPLIT > 1:
         acc, last = _split_fixup(acc, WS, LOCKS, pid_n, split, BLOCK_M, BLOCK_N, SPLIT)
@@ -121,6 +120,15 @@ def _phase2_tile(t, H, W2, B2, R, Y, WS, LOCKS, M, N1, N2, HAS_BIAS: tl.constexp
             acc += tl.load(B2 + offs_n, mask=offs_n < N2, other=0.0).to(tl.float32)[None, :]
         acc += tl.load(R + offs_m[:, None] * N2 + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
         tl.store(Y + offs_m[:, None] * N2 + offs_n[None, :], acc.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _phase2_tile(t, H, W2, B2, R, Y, WS, LOCKS, M, N1, N2, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_n, split, lo, hi = _slice(t, N1, N2, SPLIT, BLOCK_N, BLOCK_K)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc, _ = _tile_dot(H, W2, offs_n, M, N2, N1, lo, hi, False, BLOCK_M, BLOCK_N, BLOCK_K)
+    _phase2_store(acc, pid_n, split, B2, R, Y, WS, LOCKS, M, N2, HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -149,15 +157,7 @@ def _phase2_preloaded(t, wpre, H, W2, B2, R, Y, WS, LOCKS, M, N1, N2, HAS_BIAS: 
     acc = tl.dot(h, tl.trans(wpre))
     rest, _ = _tile_dot(H, W2, offs_n, M, N2, N1, lo + PRE_K // BLOCK_K, hi, False, BLOCK_M, BLOCK_N, BLOCK_K)
     acc += rest
-    last = True
-    if SPLIT > 1:
-        acc, last = _split_fixup(acc, WS, LOCKS, pid_n, split, BLOCK_M, BLOCK_N, SPLIT)
-    if last:
-        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N2)
-        if HAS_BIAS:
-            acc += tl.load(B2 + offs_n, mask=offs_n < N2, other=0.0).to(tl.float32)[None, :]
-        acc += tl.load(R + offs_m[:, None] * N2 + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
-        tl.store(Y + offs_m[:, None] * N2 + offs_n[None, :], acc.to(Y.dtype.element_ty), mask=mask)
+    _phase2_store(acc, pid_n, split, B2, R, Y, WS, LOCKS, M, N2, HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N)
 
 
 @triton.jit

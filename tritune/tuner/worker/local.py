@@ -383,14 +383,6 @@ class Runners:
         return self._handlers is gpu_handlers
 
     @property
-    def busy(self) -> bool:
-        """Whether another thread is waiting for this worker's answer now."""
-        if not self._lock.acquire(blocking=False):
-            return True
-        self._lock.release()
-        return False
-
-    @property
     def restarts(self) -> int:
         """Worker replacements on every device."""
         return sum(r.restarts for r in self.each)
