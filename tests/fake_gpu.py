@@ -4,7 +4,9 @@ of each config it measured to the file FAKE_GPU_LOG (if set); the builder compil
 off the bus after N measurements (its worker dies and cannot start again); FAKE_GPU_HANG=N makes every
 device hang from its (N+1)th measurement on. Each measurement's start is logged ("workload config") to
 FAKE_GPU_LOG.started. FAKE_GPU_EARLY=1 has the driver tell the device's facts before the worker is up
-(=wrong: other facts than the worker's)."""
+(=wrong: other facts than the worker's). FAKE_GPU_TOGETHER=DIR holds every device's first measurement
+until all FAKE_GPU_DEVICES workers are up (each marks DIR when it answers its handshake), so that a
+device whose worker starts late still gets candidates to measure."""
 import os
 import time
 
@@ -23,7 +25,23 @@ def _info(payload: dict) -> dict:
     if device >= count or os.path.exists(_lost_mark(device)):
         raise RuntimeError(f"there is no CUDA device {device}")
     _state["device"] = device
+    together = os.environ.get("FAKE_GPU_TOGETHER")
+    if together:
+        open(os.path.join(together, f"up{device}"), "w").close()
     return {**INFO, "device": device, "device_count": count}
+
+
+def _wait_for_every_device() -> None:
+    """FAKE_GPU_TOGETHER: before the first measurement, wait (up to a minute) for every device's worker."""
+    together = os.environ.get("FAKE_GPU_TOGETHER")
+    if not together or _state.get("together"):
+        return
+    marks = [os.path.join(together, f"up{d}") for d in range(int(os.environ.get("FAKE_GPU_DEVICES", "1")))]
+    for _ in range(6000):
+        if all(os.path.exists(m) for m in marks):
+            break
+        time.sleep(0.01)
+    _state["together"] = True
 
 
 def early_info(index: int) -> dict | None:
@@ -52,6 +70,7 @@ def _measure(payload: dict) -> dict:
             fp.write(f"{payload['expr'].key} {config.key}\n")
     if _state["measured"] >= int(os.environ.get("FAKE_GPU_HANG", "1000000")):
         time.sleep(3600)
+    _wait_for_every_device()
     _state["measured"] += 1
     start = time.perf_counter()
     time.sleep(float(os.environ.get("FAKE_GPU_MS", "20")) / 1000)

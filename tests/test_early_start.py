@@ -140,8 +140,10 @@ def test_two_stand_in_gpus_started_on_the_driver_facts_both_measure(tmp_path):
     """`--devices all` on a host whose driver tells both devices' facts ahead: each device's worker
     checks its own, both measure; a device the driver does not have leaves the run to the workers'
     answers, which name it."""
+    # TOGETHER: neither device measures before both workers are up (one started late measured all 24)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]),
-           "TRITUNE_FAKE_GPU": "fake_gpu", "FAKE_GPU_MS": "10", "FAKE_GPU_EARLY": "1", "FAKE_GPU_DEVICES": "2"}
+           "TRITUNE_FAKE_GPU": "fake_gpu", "FAKE_GPU_MS": "10", "FAKE_GPU_EARLY": "1", "FAKE_GPU_DEVICES": "2",
+           "FAKE_GPU_TOGETHER": str(tmp_path)}
     tune = [sys.executable, "-m", "tritune", "run", "--shape", "512,256,1024", "--trials", "24", "--batch-size", "8"]
     both = subprocess.run([*tune, "--devices", "all", "--db", str(tmp_path / "t.db")], env=env,
                           capture_output=True, text=True, timeout=600)

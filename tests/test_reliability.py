@@ -146,6 +146,7 @@ def test_two_devices_share_a_workload_and_a_lost_one_loses_nothing(fake_gpu, mon
     device 1 falls off the bus, its candidate in flight goes back to device 0 and nothing is lost
     or recorded as a crash."""
     monkeypatch.setenv("FAKE_GPU_DEVICES", "2")
+    monkeypatch.setenv("FAKE_GPU_TOGETHER", str(fake_gpu.parent))  # neither measures before both are up
     args = [sys.executable, "-m", "tritune", *tune(48, "--devices", "all", "--db", str(fake_gpu))]
     both = subprocess.run(args, env=dict(os.environ), capture_output=True, text=True, timeout=600)
     assert both.returncode == 0, both.stderr[-2000:]
