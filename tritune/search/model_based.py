@@ -20,7 +20,8 @@ from tritune.schedules.config import Config
 from tritune.search.base import Strategy
 from tritune.search.annealing import SimulatedAnnealing
 
-# rank units a config gives up for each doubling of its predicted compile time over the typical
+# rank units a round's pick gives up for each doubling of its predicted compile time past twice the
+# workload's typical one (`CompileCost`); a round ranks its candidates over one unit
 COMPILE_WEIGHT = 1.0
 
 
@@ -99,8 +100,8 @@ class ModelBasedStrategy(Strategy):
         return [near[i] for i in order[:n]]
 
     def _dearer(self, configs: Sequence[Config]) -> np.ndarray | None:
-        """How much dearer than the measured ones each config is predicted to compile, weighted
-        (`CompileCost.dearer` times `compile_weight`); None until the compile times are learnt."""
+        """What each config's predicted compile time costs it, in rank units (`CompileCost.dearer`
+        times `compile_weight`); None until compile times are known."""
         dearer = self.compile_cost.dearer(self._rows(configs)) if self.compile_cost and configs else None
         return None if dearer is None else self.compile_weight * dearer
 
