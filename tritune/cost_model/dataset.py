@@ -38,9 +38,9 @@ class Prior:
     @classmethod
     def of(cls, expr: Any, limits: Limits, results: Sequence[MeasureResult]) -> "Prior":
         """One workload's measured results as a prior of one group."""
-        X, y = training_set(expr, limits, results)
-        seconds = np.array([r.compile_s for r in results if r.config.library is None], dtype=np.float64)
-        return cls(X, y, np.zeros(len(y), dtype=np.int64), seconds)
+        scheduled = [r for r in results if r.config.library is None]  # as `training_set` keeps them
+        X, y = training_set(expr, limits, scheduled)
+        return cls(X, y, np.zeros(len(y), dtype=np.int64), np.array([r.compile_s for r in scheduled], dtype=np.float64))
 
     @staticmethod
     def merge(*priors: "Prior | None") -> "Prior | None":

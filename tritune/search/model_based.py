@@ -127,10 +127,11 @@ class ModelBasedStrategy(Strategy):
             return False
         if own and self._fitted_on != len(own):
             configs = [r.config for r in own]
-            self.model.fit(self._rows(configs), labels(own), np.zeros(len(own)), base_margin=self._margin(configs))
+            rows = self._rows(configs)
+            self.model.fit(rows, labels(own), np.zeros(len(own)), base_margin=self._margin(configs))
             self._fitted_on = len(own)
             if self.compile_cost is not None:
-                self.compile_cost.fit(self._rows(configs), [r.compile_s for r in own])
+                self.compile_cost.fit(rows, [r.compile_s for r in own])
         return True
 
     def _rows(self, configs: Sequence[Config]) -> np.ndarray:

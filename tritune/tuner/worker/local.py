@@ -378,11 +378,6 @@ class Runners:
             self._listeners.remove(listener)
 
     @property
-    def on_gpu(self) -> bool:
-        """Whether its worker runs the GPU's handlers (not a stand-in's)."""
-        return self._handlers is gpu_handlers
-
-    @property
     def restarts(self) -> int:
         """Worker replacements on every device."""
         return sum(r.restarts for r in self.each)
