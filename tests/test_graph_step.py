@@ -147,7 +147,7 @@ def test_the_backend_replays_graphs_with_tuned_sites_from_one_cuda_graph(fake_cu
 
     lowered = []
 
-    def plain_inductor(mode=None, combo=False):  # stands in for Inductor: the graph as it is, recorded
+    def plain_inductor(mode=None, combo=False, early=False):  # stands in for Inductor: the graph as it is, recorded
         def compile_graph(gm, example_inputs):
             lowered.append(mode)
             return Recorded(gm)

@@ -10,7 +10,9 @@
 Besides torch.compile's modes and tritune's backend, diagnostics: "route" and "route-ro" take
 tritune's path into Inductor (the graph retraced to ATen, Dynamo's input facts kept) with nothing
 replaced, i.e. what the route itself costs; "sites" and "sites-ro" replay every tuned site without
-reading graph verdicts (what tune-model's whole-model check measures).
+reading graph verdicts (what tune-model's whole-model check measures); "reduce-overhead-early" is
+Inductor's reduce-overhead with its kernels launched early (`triton.enable_pdl`), "tritune-ro-early"
+tritune's CUDA-graph mode with every kernel of the step launched early (`early_launch="step"`).
 """
 from __future__ import annotations
 
@@ -26,11 +28,12 @@ from tritune.errors import first_line
 from tritune.tuner.model import zoo
 from tritune.tuner.model.check import outputs_rel_error
 from tritune.tuner.model.load import build
-from tritune.tuner.timing import in_turns, per_call_ms, step_caller
+from tritune.tuner.timing import busy_time, in_turns, per_call_ms, step_caller
 
 SHAPES = {"prefill": (1, 2048), "decode": (16, 1), "decode1": (1, 1)}  # (batch, tokens)
-VARIANTS = ("default", "max-autotune", "reduce-overhead", "tritune", "tritune-ro", "route", "route-ro", "sites", "sites-ro")
-CUDA_GRAPHS = ("reduce-overhead", "tritune-ro", "route-ro", "sites-ro")
+VARIANTS = ("default", "max-autotune", "reduce-overhead", "tritune", "tritune-ro", "route", "route-ro", "sites", "sites-ro",
+            "reduce-overhead-early", "tritune-ro-early")
+CUDA_GRAPHS = ("reduce-overhead", "tritune-ro", "route-ro", "sites-ro", "reduce-overhead-early", "tritune-ro-early")
 # overhead: each round times ~0.15 s of calls back to back (about 2000 calls of a compiled 64x64x64
 # matmul, ~70 µs each on an H100)
 OVERHEAD_BUDGET_S, OVERHEAD_ROUNDS = 0.15, 15
@@ -58,6 +61,10 @@ def compile_variant(model, variant: str, db: str) -> tuple:
     """The compiled model, and the tritune backend (whose `sites` the first call fills) or None."""
     import torch
 
+    if variant == "reduce-overhead-early":
+        from tritune.kernels.frontend.compiler import inductor
+
+        return torch.compile(model, backend=inductor("reduce-overhead", early=True), fullgraph=True), None
     if variant.startswith("route"):
         return torch.compile(model, backend=route_only("reduce-overhead" if variant == "route-ro" else None),
                              fullgraph=True), None
@@ -66,8 +73,9 @@ def compile_variant(model, variant: str, db: str) -> tuple:
     import tritune
 
     # "sites": what the tuned sites alone decide, graph verdicts not read (what tune-model's check measures)
-    backend = tritune.compiler(db, mode="reduce-overhead" if variant.endswith("-ro") else None,
-                               graph_verdicts=variant.startswith("tritune"))
+    backend = tritune.compiler(db, mode="reduce-overhead" if "-ro" in variant else None,
+                               graph_verdicts=variant.startswith("tritune"),
+                               early_launch="step" if variant.endswith("-early") else True)
     return torch.compile(model, backend=backend, fullgraph=True), backend
 
 
@@ -233,8 +241,9 @@ def tuned_db(a, w, path: Path) -> Path:
 
 
 def kernel_profile(fn, calls: int, top: int, device: str = "cuda") -> dict:
-    """GPU µs and kernels per call of `fn` over `calls` calls under torch's profiler, and its `top`
-    costliest kernels (name, µs per call, launches per call)."""
+    """GPU µs and kernels per call of `fn` over `calls` calls under torch's profiler: the sum of
+    kernel times (`gpu_us`) and the GPU's busy time (`busy_us`: kernels that overlap, as early
+    launches do, counted once); its `top` costliest kernels (name, µs per call, launches per call)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -244,7 +253,9 @@ def kernel_profile(fn, calls: int, top: int, device: str = "cuda") -> dict:
         sync(device)
     kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
     kernels.sort(key=lambda e: -e.device_time_total)
-    return {"gpu_us": sum(e.device_time_total for e in kernels) / calls,
+    spans = [(e.time_range.start, e.time_range.end) for e in prof.events()
+             if e.device_type == torch.autograd.DeviceType.CUDA]
+    return {"gpu_us": sum(e.device_time_total for e in kernels) / calls, "busy_us": busy_time(spans) / calls,
             "launches": sum(e.count for e in kernels) / calls,
             "top": [(e.key[:90], e.device_time_total / calls, e.count / calls) for e in kernels[:top]]}
 

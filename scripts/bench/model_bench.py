@@ -210,7 +210,7 @@ def phase_profile(args: argparse.Namespace, out: Path, results: dict) -> None:
         print(f"profile {model}/{shape}:{floor}" + (f" {r['error']}" if "error" in r else ""), flush=True)
         for variant, v in r.items():
             if isinstance(v, dict):
-                print(f"  {variant}: " + (v["error"] if "error" in v else f"{v['gpu_us']:.1f} GPU us, "
+                print(f"  {variant}: " + (v["error"] if "error" in v else f"{v['gpu_us']:.1f} GPU us, busy {v.get('busy_us', 0):.1f}, "
                       f"{v['launches']:.0f} kernels per call; " + "; ".join(f"{n} {us:.1f}us x{c:g}" for n, us, c in v["top"])),
                       flush=True)
         save(out, results)

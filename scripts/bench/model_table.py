@@ -74,7 +74,8 @@ def floor_us(weight_bytes: int, copy_gbps: float) -> float:
 
 def floor_table(profile: dict) -> list[str]:
     """Per decode row of the profile phase: the weights read per step, the copy bandwidth, the
-    floor, and each variant's GPU µs per step with its multiple of the floor."""
+    floor, and each variant's GPU µs per step (its busy time, where the profile has it: early
+    launches overlap) with its multiple of the floor."""
     rows = {k: r for k, r in sorted(profile.items()) if decode_key(k)}
     variants = [v for v in VARIANTS if any(isinstance(r.get(v), dict) for r in rows.values())]
     if not rows:
@@ -86,7 +87,7 @@ def floor_table(profile: dict) -> list[str]:
         cells = [fmt(r.get("weight_bytes") and r["weight_bytes"] / 1e6, "9.1f"), fmt(r.get("copy_gbps"), "9.1f"),
                  fmt(floor, "8.1f")]
         for v in variants:
-            us = r.get(v, {}).get("gpu_us")
+            us = r.get(v, {}).get("busy_us", r.get(v, {}).get("gpu_us"))
             cells.append(f"{fmt(us, '14.1f')} " + (f"{us / floor:6.2f}x" if us and floor else f"{'-':>7s}"))
         lines.append(f"{key:15s} " + " ".join(cells) + (f"  [{r['error'][:200]}]" if "error" in r else ""))
     return lines

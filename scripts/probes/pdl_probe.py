@@ -6,7 +6,7 @@ kernel prefetches its weight slice into L2, waits for the previous kernel (`gdc_
 next one start (`gdc_launch_dependents`). Also reports whether torch's Inductor has `enable_pdl`.
 
     python -m scripts.probes.pdl_probe [--model]
-    python -m scripts.probes.pdl_probe --db TUNED.db --models llama,gpt2   (the backend's early launch on and off)
+    python -m scripts.probes.pdl_probe --db TUNED.db --models llama,gpt2 [--batch 16]   (the backend's early launches)
 """
 from __future__ import annotations
 
@@ -111,12 +111,13 @@ def inductor_pdl() -> None:
                   f"GPU {gpu_ms_per_call(fn):.4f} ms", flush=True)
 
 
-def tuned_pdl(db: str, models: list[str], rounds: int = 10) -> None:
-    """Zoo decoders at decode (batch 16) compiled by the tritune backend in its CUDA-graph mode from a
-    tuned database, its sites launching early as tuned (PDL) and not (`early_launch=False`: the same
-    tiles built without it), timed in turns: ms per step of steps back to back (GPU-bound when the
-    GPU's step is longer than the host's), and the profiler's sum of kernel times (which counts an
-    early kernel's wait for its predecessor as its own time)."""
+def tuned_pdl(db: str, models: list[str], rounds: int = 10, batch: int = 16) -> None:
+    """Zoo decoders at decode compiled by the tritune backend in its CUDA-graph mode from a tuned
+    database, three ways: sites launched as tuned (`early_launch=True`), none early (False), and
+    every kernel of the step early ("step"). Timed in turns: ms per step of steps back to back
+    (GPU-bound when the GPU's step is longer than the host's); then per way, under the profiler,
+    the sum of kernel times, the GPU's busy time and the span of a step, and one step's timeline
+    (each kernel's start, length, and the idle gap before it)."""
     import inspect
     import statistics
 
@@ -124,15 +125,15 @@ def tuned_pdl(db: str, models: list[str], rounds: int = 10) -> None:
 
     import tritune
     from tritune.tuner.model import zoo
-    from tritune.tuner.timing import gpu_ms_per_call, in_turns, per_call_ms, step_caller
+    from tritune.tuner.timing import in_turns, per_call_ms, step_caller
 
     for name in models:
         factory = getattr(zoo, name)
         hidden = inspect.signature(factory).parameters["hidden"].default
         model = factory().cuda().half().eval()
-        x = torch.randn(16, 1, hidden, device="cuda", dtype=torch.float16)
+        x = torch.randn(batch, 1, hidden, device="cuda", dtype=torch.float16)
         fns = {}
-        for early in (True, False):
+        for early in (True, False, "step"):
             torch._dynamo.reset()
             with torch.no_grad():
                 backend = tritune.compiler(db, mode="reduce-overhead", early_launch=early)
@@ -141,16 +142,43 @@ def tuned_pdl(db: str, models: list[str], rounds: int = 10) -> None:
                     fns[f"early={early}"]()
         with torch.no_grad():
             times = in_turns(fns, per_call_ms, rounds)
-            kernels = {k: gpu_ms_per_call(fn) for k, fn in fns.items()}
-        on, off = (statistics.median(times[k]) for k in ("early=True", "early=False"))
-        print(f"{name} decode 16, tritune-ro: steps back to back {on * 1e3:.1f} us early vs {off * 1e3:.1f} us not "
-              f"({on / off:.3f}); kernel sums {kernels['early=True'] * 1e3:.1f} vs {kernels['early=False'] * 1e3:.1f} us",
-              flush=True)
+            for way, fn in fns.items():
+                print(f"{name} decode {batch}, tritune-ro {way}: steps back to back "
+                      f"{statistics.median(times[way]) * 1e3:.1f} us; " + timeline(fn), flush=True)
+
+
+def timeline(fn, calls: int = 20) -> str:
+    """Under the profiler, `calls` calls of `fn`: per call the sum of kernel times, the busy time,
+    and the span; then the middle call's kernels (start from its first, length, gap before)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from tritune.tuner.timing import busy_time
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    events = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                    if e.device_type == torch.autograd.DeviceType.CUDA)
+    per_call = len(events) // calls
+    spans = [(s, e) for s, e, _ in events]
+    total = events[-1][1] - events[0][0]
+    lines = [f"kernels {sum(e - s for s, e in spans) / calls:.1f}, busy {busy_time(spans) / calls:.1f}, "
+             f"span {total / calls:.1f} us per step ({per_call} kernels)"]
+    step = events[per_call * (calls // 2):per_call * (calls // 2 + 1)]
+    reach = events[per_call * (calls // 2) - 1][1]
+    for s, e, kernel in step:
+        lines.append(f"    {s - step[0][0]:7.1f} {e - s:6.1f} gap {s - reach:5.1f}  {kernel[:70]}")
+        reach = max(reach, e)
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
     if "--db" in sys.argv:
-        tuned_pdl(sys.argv[sys.argv.index("--db") + 1], sys.argv[sys.argv.index("--models") + 1].split(","))
+        tuned_pdl(sys.argv[sys.argv.index("--db") + 1], sys.argv[sys.argv.index("--models") + 1].split(","),
+                  batch=int(sys.argv[sys.argv.index("--batch") + 1]) if "--batch" in sys.argv else 16)
         sys.exit(0)
     main()
     if "--model" in sys.argv:

@@ -304,6 +304,17 @@ def copy_bandwidth_gbps() -> float:
     return _copy[0]
 
 
+def busy_time(spans: Sequence[tuple[float, float]]) -> float:
+    """The length of the union of (start, end) spans: a GPU's busy time, kernels that overlap (an
+    early launch waiting on its predecessor) counted once."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
 def gpu_ms_per_call(fn: Callable[[], Any], calls: int = 20) -> float:
     """The GPU's own time per call: the device time of every kernel the profiler saw over `calls`
     calls back to back, over `calls` (the host cannot distort it; gaps between kernels are not in it)."""
