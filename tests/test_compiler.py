@@ -337,6 +337,22 @@ def test_the_cuda_graph_mode_lowers_graphs_with_tuned_sites_with_combo_kernels(m
     assert "combo_kernels" not in seen[1] and seen[1].get("triton.cudagraphs") is True
 
 
+def test_inductor_launches_its_kernels_early_only_when_asked(monkeypatch):
+    # Inductor's own early launch (programmatic dependent launch), an alternative a user has: asked
+    # for where this torch's Inductor has it, never by default
+    import torch._inductor.compile_fx as compile_fx
+    import torch._inductor.config as config
+
+    seen = []
+    monkeypatch.setattr(compile_fx, "compile_fx", lambda gm, xs, config_patches: seen.append(config_patches))
+    from tritune.kernels.frontend.compiler import inductor
+
+    inductor("reduce-overhead", early=True)(None, [])
+    inductor("reduce-overhead")(None, [])
+    assert seen[0].get("triton.enable_pdl") is (True if hasattr(config.triton, "enable_pdl") else None)
+    assert "triton.enable_pdl" not in seen[1] and seen[0]["triton.cudagraphs"] is True
+
+
 def test_a_torch_without_triton_op_leaves_every_graph_to_the_fallback(tmp_path, monkeypatch, caplog):
     import sys
 

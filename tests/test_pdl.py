@@ -3,7 +3,6 @@ what a config's binary carries, the sm_90 code it compiles to, and which op a co
 calls for it. Its correctness on a GPU (single launches and a chain of dependent early launches
 in one CUDA graph) is in tests/gpu."""
 import dataclasses
-import json
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import real_jit
 from test_codegen_sm90 import build_sm90
 from tritune.kernels.contraction.expr import Matmul
-from tritune.kernels.contraction.launch import early_config, launch_options, pdl_constexprs
+from tritune.kernels.contraction.launch import launch_options, pdl_constexprs
 from tritune.kernels.frontend import graph, sites, tuned_op
 from tritune.kernels.frontend.compiler import rewrite
 from tritune.kernels.gated.expr import Gated
@@ -212,56 +211,3 @@ def test_the_backend_launches_early_only_in_one_cuda_graph_and_when_let(monkeypa
     assert targets == [{"tritune.matmul_graphed.default" if early else "tritune.matmul.default"},
                        {"tritune.matmul.default"}]
 
-
-def test_a_step_of_early_launches_launches_every_kernel_early(monkeypatch, tmp_path):
-    """`early_launch="step"`, a site tuned without PDL: in the CUDA-graph mode it calls the twin with
-    its whole weight slice prefetched, and Inductor builds its own kernels to launch early; the
-    default mode is as tuned."""
-    (_, ro_early, ro_graph), (_, default_early, default_graph) = _lowered(
-        monkeypatch, tmp_path, Config.of(SKINNY, BLOCK_K=32), "step")
-    (ro_call,), (default_call,) = _tuned_calls(ro_graph), _tuned_calls(default_graph)
-    assert str(ro_call.target) == "tritune.matmul_graphed.default" and ro_early and not default_early
-    assert json.loads(ro_call.args[-1])["config"]["PDL_K"] == 128  # K is 96: the least reach
-    assert str(default_call.target) == "tritune.matmul.default" and "PDL" not in json.loads(default_call.args[-1])["config"]
-    import tritune
-
-    with pytest.raises(ValueError, match="early_launch"):
-        tritune.compiler(early_launch="all")
-
-def test_a_step_of_early_launches_prefetches_each_whole_weight_slice():
-    tile = Config.of(SKINNY)  # 32 columns, 256 along K, 3 stages: 1024 along K by default
-    assert early_config(Matmul(16, 2048, 2048, trans_b=True), tile)["PDL"] == 2
-    assert early_config(Matmul(16, 2048, 2048, trans_b=True), tile)["PDL_K"] == 2048
-    assert early_config(Matmul(16, 2048, 2048, trans_b=True), tile.replace(SPLIT_K=2))["PDL_K"] == 1024
-    assert early_config(Matmul(16, 2048, 512, trans_b=True), tile)["PDL_K"] == 1024  # never short of the default
-    # 64 rows of [N, K] at 16384: 64 lines a row per 4096 along K, 32 addresses a thread of 128 at most
-    assert early_config(Matmul(16, 2048, 16384, trans_b=True), tile.replace(BLOCK_N=64))["PDL_K"] == 4096
-    # [K, N]: one line per row of K for 32 columns, 4096 rows at most
-    assert early_config(Gated(16, 5632, 5632, "fp16", "silu", trans_b=False), tile.replace(FUSE=0))["PDL_K"] == 4096
-    assert pdl_constexprs(early_config(Matmul(16, 2048, 2048, trans_b=True), tile))["PDL_K"] == 2048
-
-
-def test_early_specs_leave_attention_alone():
-    from tritune.kernels.attention.expr import Attention
-
-    wide = tuned_op.spec_of(Wide(16, (2048, 512, 512), 2048, norm_eps=1e-6), Config.of(SKINNY))
-    config = json.loads(tuned_op.early_spec(wide))["config"]
-    assert config["PDL"] == 2 and config["PDL_K"] == 2048
-    spec = tuned_op.spec_of(Attention(16, 16, 1, 128, 64), Config.of(BLOCK_N=64, num_warps=4, num_stages=2))
-    assert tuned_op.early_spec(spec) == spec
-
-
-def test_sm90_whole_slice_prefetch_asks_for_more_lines():
-    expr = Gated(16, 5632, 2048, "fp16", "silu", norm_eps=1e-6)
-    tile = Config.of(SKINNY, BLOCK_N=64, FUSE=1, PDL=2)
-    first, whole = build_sm90([(expr, tile), (expr, early_config(expr, tile))], ptx=True)
-    assert 0 < first["ptx"].count("prefetch.global.L2") < whole["ptx"].count("prefetch.global.L2")
-    assert whole["launch_pdl"] and whole["ptx"].count("griddepcontrol.wait") == 1
-
-
-def test_busy_time_counts_overlaps_once():
-    from tritune.tuner.timing import busy_time
-
-    assert busy_time([]) == 0
-    assert busy_time([(5, 6), (0, 2), (1, 3)]) == 4
-    assert busy_time([(0, 10), (2, 3), (4, 12)]) == 12

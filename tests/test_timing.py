@@ -84,3 +84,11 @@ def test_weight_streams_up_to_half_a_millisecond_are_timed_in_graphs(monkeypatch
         monkeypatch.setattr(candidate, "timed_runs", lambda fn, runs, t=launched_ms: [t] * runs)
         monkeypatch.setattr(candidate, "nbytes", lambda args, n=nbytes: n)
         assert candidate.small(lambda: None, ()) is in_graphs, (launched_ms, nbytes)
+
+
+def test_busy_time_counts_overlaps_once():
+    from tritune.tuner.timing import busy_time
+
+    assert busy_time([]) == 0
+    assert busy_time([(5, 6), (0, 2), (1, 3)]) == 4
+    assert busy_time([(0, 10), (2, 3), (4, 12)]) == 12

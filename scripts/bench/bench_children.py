@@ -11,8 +11,7 @@ Besides torch.compile's modes and tritune's backend, diagnostics: "route" and "r
 tritune's path into Inductor (the graph retraced to ATen, Dynamo's input facts kept) with nothing
 replaced, i.e. what the route itself costs; "sites" and "sites-ro" replay every tuned site without
 reading graph verdicts (what tune-model's whole-model check measures); "reduce-overhead-early" is
-Inductor's reduce-overhead with its kernels launched early (`triton.enable_pdl`), "tritune-ro-early"
-tritune's CUDA-graph mode with every kernel of the step launched early (`early_launch="step"`).
+Inductor's reduce-overhead with its kernels launched early (`triton.enable_pdl`, where it exists).
 """
 from __future__ import annotations
 
@@ -32,8 +31,8 @@ from tritune.tuner.timing import busy_time, in_turns, per_call_ms, step_caller
 
 SHAPES = {"prefill": (1, 2048), "decode": (16, 1), "decode1": (1, 1)}  # (batch, tokens)
 VARIANTS = ("default", "max-autotune", "reduce-overhead", "tritune", "tritune-ro", "route", "route-ro", "sites", "sites-ro",
-            "reduce-overhead-early", "tritune-ro-early")
-CUDA_GRAPHS = ("reduce-overhead", "tritune-ro", "route-ro", "sites-ro", "reduce-overhead-early", "tritune-ro-early")
+            "reduce-overhead-early")
+CUDA_GRAPHS = ("reduce-overhead", "tritune-ro", "route-ro", "sites-ro", "reduce-overhead-early")
 # overhead: each round times ~0.15 s of calls back to back (about 2000 calls of a compiled 64x64x64
 # matmul, ~70 µs each on an H100)
 OVERHEAD_BUDGET_S, OVERHEAD_ROUNDS = 0.15, 15
@@ -73,9 +72,8 @@ def compile_variant(model, variant: str, db: str) -> tuple:
     import tritune
 
     # "sites": what the tuned sites alone decide, graph verdicts not read (what tune-model's check measures)
-    backend = tritune.compiler(db, mode="reduce-overhead" if "-ro" in variant else None,
-                               graph_verdicts=variant.startswith("tritune"),
-                               early_launch="step" if variant.endswith("-early") else True)
+    backend = tritune.compiler(db, mode="reduce-overhead" if variant.endswith("-ro") else None,
+                               graph_verdicts=variant.startswith("tritune"))
     return torch.compile(model, backend=backend, fullgraph=True), backend
 
 

@@ -113,8 +113,7 @@ def inductor_pdl() -> None:
 
 def tuned_pdl(db: str, models: list[str], rounds: int = 10, batch: int = 16) -> None:
     """Zoo decoders at decode compiled by the tritune backend in its CUDA-graph mode from a tuned
-    database, three ways: sites launched as tuned (`early_launch=True`), none early (False), and
-    every kernel of the step early ("step"). Timed in turns: ms per step of steps back to back
+    database, two ways: sites launched as tuned (`early_launch=True`) and none early (False). Timed in turns: ms per step of steps back to back
     (GPU-bound when the GPU's step is longer than the host's); then per way, under the profiler,
     the sum of kernel times, the GPU's busy time and the span of a step, and one step's timeline
     (each kernel's start, length, and the idle gap before it)."""
@@ -133,7 +132,7 @@ def tuned_pdl(db: str, models: list[str], rounds: int = 10, batch: int = 16) -> 
         model = factory().cuda().half().eval()
         x = torch.randn(batch, 1, hidden, device="cuda", dtype=torch.float16)
         fns = {}
-        for early in (True, False, "step"):
+        for early in (True, False):
             torch._dynamo.reset()
             with torch.no_grad():
                 backend = tritune.compiler(db, mode="reduce-overhead", early_launch=early)

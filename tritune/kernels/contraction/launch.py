@@ -18,9 +18,6 @@ from tritune.schedules.config import Config
 
 # Replay's last resort: valid for any contraction.
 DEFAULT = Config.of(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3, UNROLL=1)
-# a whole-slice weight prefetch's addresses per thread at most (`early_config`): each is a 64-bit
-# pointer held in registers before the main loop starts
-PREFETCH_ADDRESSES = 32
 
 
 @dataclass(frozen=True)
@@ -122,35 +119,11 @@ def constexprs(expr: Matmul, config: Config) -> dict[str, Any]:
 
 def pdl_constexprs(config: Config) -> dict[str, int]:
     """PDL (programmatic dependent launch: 0 off, 1 on, 2 with the weights prefetched) and PDL_K,
-    how far along K the prefetch reaches: the pipeline's first steps as a power of two, or the
-    config's own PDL_K (`early_config`); 0 unless PDL=2, so that PDL=0 and 1 share their other
-    constexprs."""
+    how far along K the prefetch reaches: the pipeline's first steps, as a power of two (0 unless
+    PDL=2, so that PDL=0 and 1 share their other constexprs)."""
     pdl = config.get("PDL", 0)
-    if pdl != 2:
-        return {"PDL": pdl, "PDL_K": 0}
-    return {"PDL": pdl, "PDL_K": config.get("PDL_K") or _pow2(config["num_stages"] * config["BLOCK_K"])}
-
-
-def _pow2(n: int) -> int:
-    """The least power of two >= n, at least 128 (a prefetch's reach along K)."""
-    return max(128, 1 << (n - 1).bit_length())
-
-
-def early_config(expr: Any, config: Config) -> Config:
-    """A contraction's config (matmul, gated or wide) as a step of early launches runs it: launched
-    early (PDL=2), its prefetch reaching over the program's whole slice of the weight along K
-    (PDL_K), as far as PREFETCH_ADDRESSES a thread allow."""
-    config = config.replace(PDL=2)
-    default = pdl_constexprs(config)["PDL_K"]
-    line = 1024 // (8 * DTYPE_BYTES[expr.dtype])  # elements of one 128-byte line
-    per_program = -(-expr.k // (config.get("SPLIT_K", 1) * config["BLOCK_K"])) * config["BLOCK_K"]
-    reach = _pow2(per_program)
-
-    def addresses(r: int) -> int:  # what `_prefetch_weights` asks for: one address per line
-        return config["BLOCK_N"] * (r // line) if expr.trans_b else r * -(-config["BLOCK_N"] // line)
-    while reach > default and addresses(reach) > PREFETCH_ADDRESSES * 32 * config["num_warps"]:
-        reach //= 2
-    return config.replace(PDL_K=max(reach, default))
+    reach = config["num_stages"] * config["BLOCK_K"]
+    return {"PDL": pdl, "PDL_K": max(128, 1 << (reach - 1).bit_length()) if pdl == 2 else 0}
 
 
 def launch_options(config: Config) -> tuple[tuple[str, Any], ...]:

@@ -42,7 +42,7 @@ Matched = graph.Matched  # a site a compiled graph may run a tuned kernel for (t
 
 
 def compiler(db: Any = None, *, fallback: str | Callable = "inductor", mode: str | None = None,
-             graph_verdicts: bool = True, early_launch: bool | str = True) -> "Backend":
+             graph_verdicts: bool = True, early_launch: bool = True) -> "Backend":
     """A torch.compile backend running tuned kernels from `db` (a path or a database; default: the
     active `apply_history_best` context, else the default database), the rest by `fallback`
     ('inductor', another torch.compile backend's name such as 'aot_eager' or 'eager', or a backend
@@ -50,9 +50,7 @@ def compiler(db: Any = None, *, fallback: str | Callable = "inductor", mode: str
     A graph that `tune-cli tune-model` measured slower with the tuned kernels than without them in
     this mode goes to the fallback whole (`graph_verdicts=False`: the sites alone decide). In the
     CUDA-graph mode, sites tuned to launch early (PDL) do so (`early_launch=False`: they launch
-    their kernels built without it, as in the default mode); `early_launch="step"`: every kernel of
-    the step launches early, each tuned contraction prefetching its whole weight slice while the
-    kernel before it runs (`tuned_op.early_spec`) and Inductor's own kernels built for it too."""
+    their kernels built without it, as in the default mode)."""
     return Backend(db, fallback, mode, graph_verdicts, early_launch)
 
 
@@ -113,9 +111,7 @@ class Backend:
     tuned sites (what a graph verdict is stored under)."""
 
     def __init__(self, db: Any = None, fallback: str | Callable = "inductor", mode: str | None = None,
-                 graph_verdicts: bool = True, early_launch: bool | str = True) -> None:
-        if early_launch not in (True, False, "step"):
-            raise ValueError(f"unknown early_launch {early_launch!r}: True, False or 'step'")
+                 graph_verdicts: bool = True, early_launch: bool = True) -> None:
         try:
             self.fallback = _fallback(fallback, mode)
         except (KeyError, RuntimeError) as exc:  # an unknown Inductor mode
@@ -131,8 +127,7 @@ class Backend:
         # CUDA-graph mode: graphs with tuned sites replay Inductor's default lowering from one plain
         # CUDA graph each (`graphs`), not through the trees Inductor's reduce-overhead builds; with
         # combo kernels, which took 4-6 launches and 5.6-7.5 us of GPU time off a decode step (BENCHMARKS.md)
-        self.plain = (inductor(combo=True, early=early_launch == "step")
-                      if fallback == "inductor" and mode == "reduce-overhead" else None)
+        self.plain = inductor(combo=True) if fallback == "inductor" and mode == "reduce-overhead" else None
         self.early_launch = early_launch
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
@@ -158,7 +153,7 @@ class Backend:
         if self._slower_whole(signature, info, len(self.sites) - before):
             return self.fallback(gm, example_inputs)
         captured = self.plain is not None and capturable(aten, example_inputs)
-        rewrite(aten, self._early(hits) if captured else hits, captured and bool(self.early_launch))
+        rewrite(aten, hits, captured and self.early_launch)
         _keep_input_facts(gm, aten)
         with constants_traceable(example_inputs):
             if captured:
@@ -182,13 +177,6 @@ class Backend:
             _log_once(listed, f"tritune: no tuned record on {info['gpu']} for {sum(misses.values())} of "
                               f"{len(matches)} contractions, left to the fallback: {listed}")
         return [(m, spec) for m, spec in hits if spec]
-
-    def _early(self, hits: list[tuple[Matched, str]]) -> list[tuple[Matched, str]]:
-        """The sites of a graph replayed from one CUDA graph, as they launch there: every tuned
-        contraction early (`tuned_op.early_spec`) with `early_launch="step"`, else as tuned."""
-        from tritune.kernels.frontend import tuned_op
-
-        return [(m, tuned_op.early_spec(spec)) for m, spec in hits] if self.early_launch == "step" else hits
 
     def _slower_whole(self, signature: str, info: dict, sites: int) -> bool:
         """Whether tune-model measured this graph slower with its tuned kernels than without them in

@@ -44,7 +44,6 @@ from torch.library import triton_op
 
 from tritune.kernels.attention.expr import Attention
 from tritune.kernels.contraction.expr import Matmul
-from tritune.kernels.contraction.launch import early_config
 from tritune.kernels.device import interpreted
 from tritune.kernels.frontend import graph, rewrites
 from tritune.kernels.frontend.norm_match import without_norm
@@ -58,18 +57,6 @@ def spec_of(expr: Matmul | Gated | Wide | Attention, config: Config) -> str:
     """The op's spec for one call site: the expression and the config to run."""
     return json.dumps({"expr": expr.to_dict(), "config": json.loads(config.to_json())}, sort_keys=True,
                       separators=(",", ":"))
-
-
-def early_spec(spec: str) -> str:
-    """A site's spec as a step of early launches runs it: a contraction's (matmul, gated, wide)
-    config launched early with its whole weight slice prefetched (`launch.early_config`); an
-    attention spec unchanged."""
-    data = json.loads(spec)
-    kind = _BY_OP.get(data["expr"].get("op"), CONTRACTION)
-    if kind.expr is Attention:
-        return spec
-    expr = kind.expr.from_dict(data["expr"])
-    return spec_of(expr, early_config(expr, Config.of(data["config"])))
 
 
 @lru_cache(maxsize=None)
