@@ -167,9 +167,11 @@ def test_traced_sites_never_make_inductor_copy_their_weights(tmp_path):
     assert "tensors_to_clone = ['C0', 'C1']" in wide and "'PDL': 0" in matmul
 
 
-def _lowered(monkeypatch, tmp_path, config: Config, early) -> list:
-    """The backend in CUDA-graph mode and in the default mode, one site stored with `config`: what
-    each hands Inductor's lowering (its mode, whether its kernels launch early, the graph)."""
+@pytest.mark.parametrize("early", [True, False])
+def test_the_backend_launches_early_only_in_one_cuda_graph_and_when_let(monkeypatch, tmp_path, early):
+    """The backend in CUDA-graph mode, a site stored with a PDL config: the graph it hands Inductor's
+    default lowering calls the twin (launching early) unless `early_launch=False`; the default mode
+    never does."""
     import tritune
     from tritune.kernels.device import device_info
     from tritune.kernels.family import device_key
@@ -178,8 +180,8 @@ def _lowered(monkeypatch, tmp_path, config: Config, early) -> list:
     from tritune.records.result import MeasureResult, Status
 
     lowered = []
-    monkeypatch.setattr(compiler, "inductor", lambda mode=None, combo=False, early=False:
-                        lambda gm, inputs: lowered.append((mode, early, gm)) or gm)
+    monkeypatch.setattr(compiler, "inductor",
+                        lambda mode=None, combo=False, early=False: lambda gm, inputs: lowered.append((mode, gm)) or gm)
 
     def fn(x, w):
         return F.linear(x, w)
@@ -187,27 +189,15 @@ def _lowered(monkeypatch, tmp_path, config: Config, early) -> list:
     (site,) = graph.find(graph.aten_graph(fn, (x, w)), graph.tf32_allowed())
     with Database(tmp_path / "t.db") as db:
         db.add_workload(site.expr.key, "matmul", site.expr.dtype, site.expr.to_json())
+        config = Config.of(SKINNY, BLOCK_K=32, PDL=2)
         db.save(site.expr.key, device_key(device_info(), "matmul"), [MeasureResult(config, Status.OK, *[1.0] * 4)])
     for mode in ("reduce-overhead", None):
         backend = tritune.compiler(tmp_path / "t.db", mode=mode, early_launch=early, graph_verdicts=False)
         with torch.no_grad():
             backend(torch.fx.symbolic_trace(fn), [x, w])
-    return lowered
-
-
-def _tuned_calls(gm) -> list:
-    return [n for n in gm.graph.nodes if str(n.target).startswith("tritune.")]
-
-
-@pytest.mark.parametrize("early", [True, False])
-def test_the_backend_launches_early_only_in_one_cuda_graph_and_when_let(monkeypatch, tmp_path, early):
-    """A site stored with a PDL config: the graph the CUDA-graph mode hands Inductor's default
-    lowering calls the twin (launching early) unless `early_launch=False`; the default mode never
-    does."""
-    (ro, ro_early, ro_graph), (default, _, default_graph) = _lowered(
-        monkeypatch, tmp_path, Config.of(SKINNY, BLOCK_K=32, PDL=2), early)
-    assert ro is None and default is None and not ro_early  # the CUDA-graph mode lowers through Inductor's default
-    targets = [{str(n.target) for n in _tuned_calls(g)} for g in (ro_graph, default_graph)]
+    (ro, ro_graph), (default, default_graph) = lowered
+    targets = [{str(n.target) for n in g.graph.nodes if str(n.target).startswith("tritune.")}
+               for g in (ro_graph, default_graph)]
+    assert ro is None and default is None  # the CUDA-graph mode lowers through Inductor's default
     assert targets == [{"tritune.matmul_graphed.default" if early else "tritune.matmul.default"},
                        {"tritune.matmul.default"}]
-

@@ -113,10 +113,11 @@ def inductor_pdl() -> None:
 
 def tuned_pdl(db: str, models: list[str], rounds: int = 10, batch: int = 16) -> None:
     """Zoo decoders at decode compiled by the tritune backend in its CUDA-graph mode from a tuned
-    database, two ways: sites launched as tuned (`early_launch=True`) and none early (False). Timed in turns: ms per step of steps back to back
-    (GPU-bound when the GPU's step is longer than the host's); then per way, under the profiler,
-    the sum of kernel times, the GPU's busy time and the span of a step, and one step's timeline
-    (each kernel's start, length, and the idle gap before it)."""
+    database, two ways: sites launched as tuned (`early_launch=True`) and none early (False).
+    Timed in turns: ms per step of steps back to back (GPU-bound when the GPU's step is longer
+    than the host's); then per way, under the profiler, the sum of kernel times, the GPU's busy
+    time and the span of a step, and one step's timeline (each kernel's start, length, and the
+    idle gap before it)."""
     import inspect
     import statistics
 
