@@ -1,6 +1,7 @@
 """Space: knobs x constraints, with integer index <-> config, seeded sampling and neighbours."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable, Iterable, Sequence
@@ -62,6 +63,7 @@ class Space:
         self.constraints = tuple(constraints)
         self._radix = [len(k.values) for k in self.knobs]
         self._memo: dict[tuple[int, int], np.ndarray] = {}  # (moved index, knob) -> nearest valid indices
+        self._digits: dict[Config, list[int]] = {}  # config -> its value positions (annealing's chains revisit)
 
     def without(self, names: Sequence[str]) -> "Space":
         """The subspace without some knobs (their configs lack them; kernels use the knobs' defaults)."""
@@ -72,10 +74,10 @@ class Space:
         allowed = frozenset(configs)
         return Space(self.knobs, (*self.constraints, lambda c: None if c in allowed else "not in the subset"))
 
-    @property
+    @cached_property
     def size(self) -> int:
-        """Number of configs in the full product, valid or not."""
-        return int(np.prod(self._radix))
+        """Number of configs in the full product, valid or not (`config` checks it per call)."""
+        return math.prod(self._radix)
 
     @cached_property
     def valid_indices(self) -> np.ndarray:
@@ -129,7 +131,11 @@ class Space:
         knobs of `config` (then the fewest value steps); ties go to `rng`, else to the first."""
         if (knob, pos) not in self._by_value:
             return None
-        here = [k.values.index(config[k.name]) for k in self.knobs]
+        here = self._digits.get(config)
+        if here is None:
+            if len(self._digits) > 200_000:
+                self._digits.clear()
+            here = self._digits[config] = [k.values.index(config[k.name]) for k in self.knobs]
         moved = sum((pos if i == knob else d) * s for i, (d, s) in enumerate(zip(here, self._strides)))
         if moved in self._valid_set:  # the one-knob move itself is valid: nothing is nearer
             return self.config(moved)
