@@ -63,7 +63,9 @@ class Space:
         self.constraints = tuple(constraints)
         self._radix = [len(k.values) for k in self.knobs]
         self._memo: dict[tuple[int, int], np.ndarray] = {}  # (moved index, knob) -> nearest valid indices
-        self._digits: dict[Config, list[int]] = {}  # config -> its value positions (annealing's chains revisit)
+        # config -> (index, value positions), and index -> config: annealing's chains revisit both
+        self._places: dict[Config, tuple[int, list[int]]] = {}
+        self._at: dict[int, Config] = {}
 
     def without(self, names: Sequence[str]) -> "Space":
         """The subspace without some knobs (their configs lack them; kernels use the knobs' defaults)."""
@@ -131,21 +133,41 @@ class Space:
         knobs of `config` (then the fewest value steps); ties go to `rng`, else to the first."""
         if (knob, pos) not in self._by_value:
             return None
-        here = self._digits.get(config)
-        if here is None:
-            if len(self._digits) > 200_000:
-                self._digits.clear()
-            here = self._digits[config] = [k.values.index(config[k.name]) for k in self.knobs]
-        moved = sum((pos if i == knob else d) * s for i, (d, s) in enumerate(zip(here, self._strides)))
+        index, here = self._place(config)
+        moved = index + (pos - here[knob]) * self._strides[knob]
         if moved in self._valid_set:  # the one-knob move itself is valid: nothing is nearer
-            return self.config(moved)
+            return self._config_at(moved)
         key = (moved, knob)
         if key not in self._memo:  # annealing chains come back to the same moves often
             if len(self._memo) > 200_000:
                 self._memo.clear()
             self._memo[key] = self._nearest_indices(knob, pos, np.array(here, dtype=np.int16))
         nearest = self._memo[key]
-        return self.config(int(nearest[0] if rng is None else rng.choice(nearest)))
+        return self._config_at(int(nearest[0] if rng is None else rng.choice(nearest)))
+
+    def _place(self, config: Config) -> tuple[int, list[int]]:
+        """A config's index and the positions of its values, remembered."""
+        place = self._places.get(config)
+        if place is None:
+            if len(self._places) > 200_000:
+                self._places.clear()
+            here = [k.values.index(config[k.name]) for k in self.knobs]
+            place = self._places[config] = (sum(d * s for d, s in zip(here, self._strides)), here)
+        return place
+
+    def _config_at(self, index: int) -> Config:
+        """`config(index)`, remembered."""
+        config = self._at.get(index)
+        if config is None:
+            if len(self._at) > 200_000:
+                self._at.clear()
+            config = self._at[index] = self.config(index)
+        return config
+
+    @cached_property
+    def _movable(self) -> tuple[int, ...]:
+        """The knobs with more than one value."""
+        return tuple(k for k in range(len(self.knobs)) if self._radix[k] > 1)
 
     def _nearest_indices(self, knob: int, pos: int, here: np.ndarray) -> np.ndarray:
         """The indices of every valid config with that value at the least distance from `here`."""
@@ -159,10 +181,10 @@ class Space:
         """A random move: one knob set to another of its values; where that alone breaks a
         constraint, the nearest valid config with that value (see `neighbours`). None if no knob
         can move."""
-        movable = [k for k in range(len(self.knobs)) if self._radix[k] > 1]
+        movable = list(self._movable)
         while movable:
             knob = movable[int(rng.integers(len(movable)))]
-            pos = self.knobs[knob].values.index(config[self.knobs[knob].name])
+            pos = self._place(config)[1][knob]
             new = (pos + int(rng.integers(1, self._radix[knob]))) % self._radix[knob]
             moved = self._nearest(config, knob, new, rng)
             if moved is not None:
