@@ -20,6 +20,7 @@ import inspect
 import json
 import statistics
 import time
+from collections import Counter
 from functools import partial
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from tritune.errors import first_line
 from tritune.tuner.model import zoo
 from tritune.tuner.model.check import outputs_rel_error
 from tritune.tuner.model.load import build
-from tritune.tuner.timing import busy_time, in_turns, per_call_ms, step_caller
+from tritune.tuner.timing import busy_time, gpu_spans, in_turns, per_call_ms, step_caller
 
 SHAPES = {"prefill": (1, 2048), "decode": (16, 1), "decode1": (1, 1)}  # (batch, tokens)
 VARIANTS = ("default", "max-autotune", "reduce-overhead", "tritune", "tritune-ro", "route", "route-ro", "sites", "sites-ro",
@@ -238,24 +239,19 @@ def tuned_db(a, w, path: Path) -> Path:
     return path
 
 
-def kernel_profile(fn, calls: int, top: int, device: str = "cuda") -> dict:
-    """GPU µs and kernels per call of `fn` over `calls` calls under torch's profiler: the sum of
-    kernel times (`gpu_us`) and the GPU's busy time (`busy_us`: kernels that overlap, as early
-    launches do, counted once); its `top` costliest kernels (name, µs per call, launches per call)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        sync(device)
-    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    kernels.sort(key=lambda e: -e.device_time_total)
-    spans = [(e.time_range.start, e.time_range.end) for e in prof.events()
-             if e.device_type == torch.autograd.DeviceType.CUDA]
-    return {"gpu_us": sum(e.device_time_total for e in kernels) / calls, "busy_us": busy_time(spans) / calls,
-            "launches": sum(e.count for e in kernels) / calls,
-            "top": [(e.key[:90], e.device_time_total / calls, e.count / calls) for e in kernels[:top]]}
+def kernel_profile(fn, calls: int, top: int) -> dict:
+    """GPU µs and kernels per call of `fn` over `calls` calls under torch's profiler
+    (`timing.gpu_spans`): the sum of kernel times (`gpu_us`) and the GPU's busy time (`busy_us`:
+    kernels that overlap, as early launches do, counted once); its `top` costliest kernels (name,
+    µs per call, launches per call)."""
+    spans = gpu_spans(fn, calls)
+    totals, counts = Counter(), Counter()
+    for start, end, name in spans:
+        totals[name] += end - start
+        counts[name] += 1
+    return {"gpu_us": sum(totals.values()) / calls, "busy_us": busy_time([(s, e) for s, e, _ in spans]) / calls,
+            "launches": len(spans) / calls,
+            "top": [(name[:90], us / calls, counts[name] / calls) for name, us in totals.most_common(top)]}
 
 
 def child_profile(args: argparse.Namespace, calls: int = 20, top: int = 8) -> dict:
@@ -277,7 +273,7 @@ def child_profile(args: argparse.Namespace, calls: int = 20, top: int = 8) -> di
             for _ in range(5):
                 fn()
             sync(args.device)
-            result[variant] = kernel_profile(fn, calls, top, args.device)
+            result[variant] = kernel_profile(fn, calls, top)
         except Exception as exc:  # noqa: BLE001 - one variant that fails must not cost the others
             result[variant] = {"error": first_line(exc)}
     return result

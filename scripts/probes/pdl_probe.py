@@ -150,18 +150,9 @@ def tuned_pdl(db: str, models: list[str], rounds: int = 10, batch: int = 16) -> 
 def timeline(fn, calls: int = 20) -> str:
     """Under the profiler, `calls` calls of `fn`: per call the sum of kernel times, the busy time,
     and the span; then the middle call's kernels (start from its first, length, gap before)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    from tritune.tuner.timing import busy_time, gpu_spans
 
-    from tritune.tuner.timing import busy_time
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    events = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                    if e.device_type == torch.autograd.DeviceType.CUDA)
+    events = gpu_spans(fn, calls)
     per_call = len(events) // calls
     spans = [(s, e) for s, e, _ in events]
     total = events[-1][1] - events[0][0]

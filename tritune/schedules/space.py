@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -12,6 +12,8 @@ from tritune.schedules.config import Config
 
 # A constraint returns None when a config may run, else a short reason it cannot.
 Constraint = Callable[[Config], "str | None"]
+# entries a space remembers per table (moves, config places, configs by index) before starting again
+MEMO_SIZE = 200_000
 
 
 def reads(*knobs: str) -> Callable[[Constraint], Constraint]:
@@ -49,6 +51,16 @@ class Limits:
         """Limits of a compute capability from the known table."""
         shared, sms = cls.KNOWN.get((major, minor), (101376, 80))
         return cls(shared_bytes=shared, sms=sms)
+
+
+def _remembered(table: dict, key: Any, make: Callable[[], Any]) -> Any:
+    """table[key], made and kept on first use; a table past MEMO_SIZE entries starts again."""
+    value = table.get(key)
+    if value is None:
+        if len(table) > MEMO_SIZE:
+            table.clear()
+        value = table[key] = make()
+    return value
 
 
 class Space:
@@ -137,32 +149,21 @@ class Space:
         moved = index + (pos - here[knob]) * self._strides[knob]
         if moved in self._valid_set:  # the one-knob move itself is valid: nothing is nearer
             return self._config_at(moved)
-        key = (moved, knob)
-        if key not in self._memo:  # annealing chains come back to the same moves often
-            if len(self._memo) > 200_000:
-                self._memo.clear()
-            self._memo[key] = self._nearest_indices(knob, pos, np.array(here, dtype=np.int16))
-        nearest = self._memo[key]
+        # annealing chains come back to the same moves often
+        nearest = _remembered(self._memo, (moved, knob),
+                              lambda: self._nearest_indices(knob, pos, np.array(here, dtype=np.int16)))
         return self._config_at(int(nearest[0] if rng is None else rng.choice(nearest)))
 
     def _place(self, config: Config) -> tuple[int, list[int]]:
         """A config's index and the positions of its values, remembered."""
-        place = self._places.get(config)
-        if place is None:
-            if len(self._places) > 200_000:
-                self._places.clear()
+        def place() -> tuple[int, list[int]]:
             here = [k.values.index(config[k.name]) for k in self.knobs]
-            place = self._places[config] = (sum(d * s for d, s in zip(here, self._strides)), here)
-        return place
+            return sum(d * s for d, s in zip(here, self._strides)), here
+        return _remembered(self._places, config, place)
 
     def _config_at(self, index: int) -> Config:
         """`config(index)`, remembered."""
-        config = self._at.get(index)
-        if config is None:
-            if len(self._at) > 200_000:
-                self._at.clear()
-            config = self._at[index] = self.config(index)
-        return config
+        return _remembered(self._at, index, lambda: self.config(index))
 
     @cached_property
     def _movable(self) -> tuple[int, ...]:

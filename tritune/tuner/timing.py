@@ -315,14 +315,12 @@ def busy_time(spans: Sequence[tuple[float, float]]) -> float:
     return total
 
 
-def gpu_ms_per_call(fn: Callable[[], Any], calls: int = 20) -> float:
-    """The GPU's own time per call: the device time of every kernel the profiler saw over `calls`
-    calls back to back, over `calls` (the host cannot distort it; gaps between kernels are not in it)."""
+def gpu_spans(fn: Callable[[], Any], calls: int = 20) -> list[tuple[float, float, str]]:
+    """(start µs, end µs, name) of everything the profiler saw the GPU run (kernels, copies) over
+    `calls` calls of `fn` back to back, in order of start."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    for _ in range(3):
-        fn()
     _sync()
     with warnings.catch_warnings():  # torch's note that events are cleared per cycle: one cycle here
         warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
@@ -330,5 +328,13 @@ def gpu_ms_per_call(fn: Callable[[], Any], calls: int = 20) -> float:
             for _ in range(calls):
                 fn()
             _sync()
-    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return sum(e.device_time_total for e in kernels) / calls / 1e3
+    return sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                  if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def gpu_ms_per_call(fn: Callable[[], Any], calls: int = 20) -> float:
+    """The GPU's own time per call: the device time of every kernel the profiler saw over `calls`
+    calls back to back, over `calls` (the host cannot distort it; gaps between kernels are not in it)."""
+    for _ in range(3):
+        fn()
+    return sum(end - start for start, end, _ in gpu_spans(fn, calls)) / calls / 1e3
