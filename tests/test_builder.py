@@ -1,4 +1,6 @@
 """The real compile pool: a compiler process that dies blames only the candidate that killed it."""
+import os
+
 from fakes import abort_on_block_m_32
 
 from tritune.records.result import Status
@@ -44,3 +46,12 @@ def test_later_workloads_spaces_are_enumerated_in_the_pool_as_here():
             assert np.array_equal(task.space.valid_indices, fresh) and len(fresh) > 100
     finally:
         builder.close()
+
+
+def test_the_pool_takes_the_cpus_this_process_may_run_on(monkeypatch):
+    from tritune.tuner import builder as b
+
+    monkeypatch.setattr(b.os, "sched_getaffinity", lambda pid: {2, 3, 5}, raising=False)
+    assert b.usable_cpus() == 3  # e.g. under taskset: not the machine's count
+    monkeypatch.delattr(b.os, "sched_getaffinity", raising=False)
+    assert b.usable_cpus() == (os.cpu_count() or 1)

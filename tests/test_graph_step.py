@@ -72,6 +72,7 @@ def _step(weight):
 
 
 def test_replays_read_weights_in_place_and_copy_other_inputs(fake_cuda):
+    # this torch cannot make a storage raise on access (a CPU build): every step's outputs are clones
     w = torch.nn.Parameter(torch.randn(4, 5), requires_grad=False)
     fn, step = _step(w)
     kept = []
@@ -87,6 +88,74 @@ def test_replays_read_weights_in_place_and_copy_other_inputs(fake_cuda):
         w.mul_(2.0)  # updated in place: the graph reads it where it is
     x = torch.randn(3, 4)
     assert torch.equal(step(w, x)[0], x @ w + 1.0) and FakeGraph.captures == 1
+
+
+@pytest.fixture
+def poison(monkeypatch):
+    """A stand-in for CUDA torch's `_set_storage_data_ptr_access_error_msg`: the storages it was
+    asked to make raise, by their handle."""
+    poisoned = {}
+    monkeypatch.setattr(torch._C, "_set_storage_data_ptr_access_error_msg",
+                        lambda cdata, msg: poisoned.setdefault(cdata, msg), raising=False)
+    return poisoned
+
+
+def _new_call():
+    torch.compiler.cudagraph_mark_step_begin()  # what a new call of the compiled model counts as
+
+
+def _poisoned(t, poisoned):
+    return t.untyped_storage()._cdata in poisoned
+
+
+def test_outputs_are_the_graphs_memory_and_held_ones_raise_once_a_new_call_replays(fake_cuda, poison):
+    w = torch.nn.Parameter(torch.randn(4, 5), requires_grad=False)
+    fn, step = _step(w)
+    for _ in range(graphs.WARM_CALLS + 1):
+        _new_call()
+        x = torch.randn(3, 4)
+        out = step(w, x)[0]
+    captured = step.handout.captured[0]
+    assert out.data_ptr() == captured.data_ptr() and torch.equal(out, x @ w + 1.0)  # no copy: an alias
+    held, want = out, out.clone()
+    _new_call()
+    out = step(w, torch.randn(3, 4))[0]
+    # the replay wrote where `held` reads: its storage now raises, with the fix named
+    assert _poisoned(held, poison) and "clone" in poison[held.untyped_storage()._cdata]
+    assert not torch.equal(held, want) and not _poisoned(out, poison)
+    dropped = out.untyped_storage()._cdata
+    del out
+    _new_call()
+    step(w, torch.randn(3, 4))
+    assert dropped not in poison  # nothing held: nothing to poison
+
+
+def test_a_graph_called_again_within_one_call_keeps_outputs_still_held(fake_cuda, poison):
+    w = torch.nn.Parameter(torch.randn(4, 5), requires_grad=False)
+    fn, step = _step(w)
+    for _ in range(graphs.WARM_CALLS + 1):
+        _new_call()
+        h = step(w, torch.randn(3, 4))[0]
+    calls = fn.calls
+    x = torch.randn(3, 4)
+    again = step(w, x)[0]  # the same step (no new call) while `h` is held: not replayed over it
+    assert fn.calls == calls + 1 and not _poisoned(h, poison) and torch.equal(again, x @ w + 1.0)
+    del h, again
+    step(w, x)  # nothing held any more: replayed
+    assert fn.calls == calls + 1
+
+
+def test_a_recapture_makes_held_outputs_raise(fake_cuda, poison):
+    w = torch.nn.Parameter(torch.randn(4, 5), requires_grad=False)
+    _, step = _step(w)
+    for _ in range(graphs.WARM_CALLS + 1):
+        _new_call()
+        held = step(w, torch.randn(3, 4))[0]
+    moved = torch.nn.Parameter(torch.randn(4, 5), requires_grad=False)
+    _new_call()
+    x = torch.randn(3, 4)
+    assert torch.equal(step(moved, x)[0], x @ moved + 1.0) and FakeGraph.captures == 2
+    assert _poisoned(held, poison)  # its memory went with the first graph
 
 
 def test_a_weight_that_moved_is_captured_again(fake_cuda):

@@ -1,5 +1,6 @@
 """The model benchmark's arithmetic and final table (scripts/bench/model_table.py) on a made-up
 model_bench.json, and its command line for the zoo's decoders at both decode batches; no GPU."""
+import json
 import math
 from pathlib import Path
 
@@ -84,3 +85,17 @@ def test_the_command_line_takes_the_new_decoders_at_both_decode_batches(tmp_path
     args = model_bench.parse_args(["--out", str(tmp_path), "--hidden", "256"])
     path, _, name = model_bench.factory_spec(args, tmp_path, "neox").rpartition(":")
     assert name == "neox" and "def neox():\n    return zoo.neox(hidden=256)" in Path(path).read_text()
+
+
+def test_runs_on_several_gpus_make_one_table(tmp_path, capsys):
+    first = {"latency": {"llama/decode": RESULTS["latency"]["llama/decode"]}, "env": {"gpu": "A"}}
+    second = {"latency": {"qwen2/decode1": RESULTS["latency"]["qwen2/decode1"]}, "profile": RESULTS["profile"]}
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, data in zip(paths, (first, second)):
+        path.write_text(json.dumps(data))
+    assert model_table.main([str(p) for p in paths]) == 0
+    text = capsys.readouterr().out
+    assert "llama/decode" in text and "qwen2/decode1" in text and "decode geomean" in text
+    assert model_table.merged([first, second])["latency"].keys() == {"llama/decode", "qwen2/decode1"}
+    assert model_table.main([str(tmp_path / "missing.json")]) == 2
+    assert "model_table:" in capsys.readouterr().err

@@ -20,6 +20,7 @@ import kill_harness
 from fakes import FakeBuilder
 from tritune.records.database import Database
 from tritune.tuner.gpus import start
+from tritune.tuner.builder import usable_cpus
 from tritune.tuner.tuner import in_flight_target
 from tritune.tuner.worker.local import LocalRunner
 
@@ -78,7 +79,7 @@ def test_four_tuners_on_one_database_measure_nothing_twice(fake_gpu):
     assert kill_harness.integrity(fake_gpu) == "ok" and kill_harness.stored_keys(fake_gpu) == set(measured)
     # the budget, plus what was in flight in the others (the pipeline's depth: a round over its
     # target, which the pool of one process per core sets; two rounds of 8 on a small host)
-    most = in_flight_target(os.cpu_count() or 1, 1, 8, 200, 200) + 8
+    most = in_flight_target(usable_cpus(), 1, 8, 200, 200) + 8
     assert 200 <= len(measured) <= 200 + 4 * most
 
 

@@ -3,10 +3,17 @@ the tuning runs; per model and shape a row per variant; the ratios against torch
 their targets and, over the decode rows, their geometric mean; at decode, the floor (the weights one
 step reads, over the copy bandwidth measured in the same profile run) and each variant's GPU time
 per step as a multiple of it; the overhead of a call.
+
+    python -m scripts.bench.model_table DIR/model_bench.json [DIR2/model_bench.json ...]
+
+prints the table of several runs' results taken as one (e.g. one run per GPU of a host, each
+with its own models): a later file's entry for the same model and shape replaces an earlier's.
 """
 from __future__ import annotations
 
+import json
 import math
+import sys
 from collections import Counter
 
 from scripts.bench.bench_children import SHAPES, VARIANTS, is_decode
@@ -144,3 +151,33 @@ def overhead_line(r: dict) -> str:
 
 def fmt(value, spec: str) -> str:
     return format(value, spec) if value is not None else "-".rjust(int(spec.split(".")[0] or 1))
+
+
+def merged(results: list[dict]) -> dict:
+    """Several model_bench.json results as one: each phase's entries (by model and shape) together,
+    a later file's replacing an earlier's; the other fields from the last file that has them."""
+    out: dict = {}
+    for r in results:
+        for key, value in r.items():
+            if key in ("tune", "compile", "latency", "profile"):
+                out.setdefault(key, {}).update(value)
+            else:
+                out[key] = value
+    return out
+
+
+def main(paths: list[str]) -> int:
+    if not paths:
+        print("usage: python -m scripts.bench.model_table DIR/model_bench.json [...]", file=sys.stderr)
+        return 2
+    try:
+        results = [json.loads(open(path).read()) for path in paths]
+    except (OSError, ValueError) as exc:
+        print(f"model_table: {exc}", file=sys.stderr)
+        return 2
+    print(report(merged(results)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

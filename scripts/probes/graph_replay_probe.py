@@ -1,9 +1,10 @@
 """Where a decode step's wall time goes under CUDA graphs: the host's cost of torch's CUDA-graph
 trees (Inductor `reduce-overhead`) against a plain CUDA graph replayed around Inductor's default
-lowering (the backend's CUDA-graph mode, `GraphStep`: inputs copied in, outputs cloned), and
+lowering (the backend's CUDA-graph mode, `GraphStep`: inputs copied in, outputs handed out where
+the graph wrote them; and the same with each step's output cloned, as `GraphStep` once did), and
 against the floor (a graph of the whole model call replayed by hand, no torch.compile on the way).
 Each zoo model's decode step, all variants in one process, timed in turns (mean per step of steps
-back to back).
+back to back); then each variant's GPU time per step (the profiler's).
 
     python -m scripts.probes.graph_replay_probe --models gpt2,llama --batch 16 [--hidden 256]
 
@@ -53,7 +54,7 @@ def main() -> None:
     import torch
 
     from tritune.tuner.model import zoo
-    from tritune.tuner.timing import in_turns, per_call_ms, step_caller
+    from tritune.tuner.timing import gpu_ms_per_call, in_turns, per_call_ms, step_caller
 
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--models", default="gpt2,llama")
@@ -76,14 +77,16 @@ def main() -> None:
                     step_caller(f, (x,), f is ro)()
             floor = plain_graph(default, (x,))
             fns = {"reduce-overhead": step_caller(ro, (x,), True), "default": lambda: default(x),
-                   "lean graph": lambda: lean(x), "hand graph": lambda: floor(x)}
+                   "lean graph": lambda: lean(x), "lean graph, cloned": lambda: lean(x).clone(),
+                   "hand graph": lambda: floor(x)}
             ref = default(x).float()
             for key in ("lean graph", "hand graph"):
                 err = (fns[key]().float() - ref).abs().max().item()
                 print(f"{name}: {key} max |diff| vs default {err:.3g}")
             times = in_turns(fns, per_call_ms, args.rounds)
+            gpu = {k: gpu_ms_per_call(fn) for k, fn in fns.items()}
         print(f"{name} decode {args.batch}: " + ", ".join(
-            f"{k} {statistics.median(v) * 1e3:.1f} us" for k, v in times.items()), flush=True)
+            f"{k} {statistics.median(v) * 1e3:.1f} us (GPU {gpu[k] * 1e3:.1f})" for k, v in times.items()), flush=True)
 
 
 if __name__ == "__main__":

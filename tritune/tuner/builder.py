@@ -35,6 +35,15 @@ class BuildResult:
     message: str = ""
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: `taskset`, a container's cpuset), where the
+    OS says; else the machine's count. A pool larger than that only makes its compiles queue."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity on this OS
+        return os.cpu_count() or 1
+
+
 def build_one(expr: Any, config: Config, problem: Any, target: Any, shared_limit: int) -> BuildResult:
     """Compile one candidate and classify the outcome (runs in a pool worker)."""
     start = time.perf_counter()
@@ -138,7 +147,7 @@ class Builder:
 
     def __init__(self, target: Any = None, shared_limit: int = 0, workers: int | None = None) -> None:
         self.target, self.shared_limit = target, shared_limit
-        self.workers = workers or os.cpu_count() or 1
+        self.workers = workers or usable_cpus()
         self._lock = threading.Lock()
         self._pool = self._new_pool()
         # what each future compiles, and in which pool, to retry it if that pool dies
