@@ -9,6 +9,7 @@ back to back); then each variant's GPU time per step (the profiler's).
     python -m scripts.probes.graph_replay_probe --models gpt2,llama --batch 16 [--hidden 256]
 
 With a narrow model (--hidden 256) the GPU is never the limit: the times are the host's.
+`--parts` also times the parts of a `GraphStep` call on their own (µs per call, host-bound).
 """
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ def plain_graph(fn, inputs):
     return call
 
 
+STEPS: list = []  # the GraphSteps lean_backend made
+
+
 def lean_backend(gm, example_inputs):
     """Inductor's default lowering replayed from one plain CUDA graph, as the backend's CUDA-graph
     mode replays it (`GraphStep`)."""
@@ -47,7 +51,35 @@ def lean_backend(gm, example_inputs):
 
     from tritune.kernels.frontend.graphs import GraphStep
 
-    return GraphStep(compile_fx(gm, list(example_inputs)), example_inputs)
+    STEPS.append(GraphStep(compile_fx(gm, list(example_inputs)), example_inputs))
+    return STEPS[-1]
+
+
+def parts(compiled, x) -> str:
+    """µs per call (best of 5 runs of 2000 calls) of the compiled call, the GraphStep inside it, and
+    its parts: the weights' address check, the inputs' copies, the replay, the outputs' handout."""
+    import time
+
+    import torch
+
+    step = STEPS[-1]
+    args = list(step.inputs)
+
+    def best(fn) -> float:
+        runs = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(2000):
+                fn()
+            torch.cuda.synchronize()
+            runs.append((time.perf_counter() - start) / 2000 * 1e6)
+        return min(runs)
+    timed = {"compiled call": lambda: compiled(x), "GraphStep": lambda: step(*args),
+             "address check": lambda: [args[i].data_ptr() for i in step.static] != step.addresses,
+             "input copies": lambda: [step.inputs[i].copy_(args[i]) for i in step.copied],
+             "replay": step.graph.replay, "handout": lambda: (step.handout.retire(), step.handout.outputs())}
+    return ", ".join(f"{k} {best(fn):.1f}" for k, fn in timed.items()) + f" ({len(step.static)} static inputs)"
 
 
 def main() -> None:
@@ -61,6 +93,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--hidden", type=int, default=None, help="a narrower model: the host's cost alone")
+    p.add_argument("--parts", action="store_true", help="also time the parts of a GraphStep call")
     args = p.parse_args()
     for name in args.models.split(","):
         torch._dynamo.reset()
@@ -87,6 +120,9 @@ def main() -> None:
             gpu = {k: gpu_ms_per_call(fn) for k, fn in fns.items()}
         print(f"{name} decode {args.batch}: " + ", ".join(
             f"{k} {statistics.median(v) * 1e3:.1f} us (GPU {gpu[k] * 1e3:.1f})" for k, v in times.items()), flush=True)
+        if args.parts:
+            with torch.no_grad():
+                print(f"{name} decode {args.batch}, µs per call: {parts(lean, x)}", flush=True)
 
 
 if __name__ == "__main__":
