@@ -130,6 +130,25 @@ def test_outputs_are_the_graphs_memory_and_held_ones_raise_once_a_new_call_repla
     assert dropped not in poison  # nothing held: nothing to poison
 
 
+def test_outputs_nobody_holds_are_handed_out_again_and_a_held_view_counts_as_held(fake_cuda, poison):
+    w = torch.nn.Parameter(torch.randn(4, 5), requires_grad=False)
+    _, step = _step(w)
+    for _ in range(graphs.WARM_CALLS + 1):
+        _new_call()
+        out = step(w, torch.randn(3, 4))[0]
+    first = id(out)
+    del out
+    _new_call()
+    x = torch.randn(3, 4)
+    out = step(w, x)[0]
+    assert id(out) == first and torch.equal(out, x @ w + 1.0) and not poison  # the same tensor, no host work
+    row = out[1]  # a view of the output's memory: the output counts as held
+    del out
+    _new_call()
+    step(w, torch.randn(3, 4))
+    assert _poisoned(row, poison)
+
+
 def test_a_graph_called_again_within_one_call_keeps_outputs_still_held(fake_cuda, poison):
     w = torch.nn.Parameter(torch.randn(4, 5), requires_grad=False)
     fn, step = _step(w)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import sys
 from typing import Any, Callable, Sequence
 
 import torch
@@ -65,14 +66,14 @@ class GraphStep:
         self.calls, self.graph, self.broken = 0, None, False
         self.inputs: list = []
         self.handout: Handout | None = None
-        self.addresses: list[int] = []
+        self.addresses: list[int | None] = []  # of each input at capture (the static ones')
 
     def __call__(self, *args: Any) -> Any:
         if self.broken:
             return self.fn(*args)
         if self.handout is not None and not self.handout.may_overwrite():
             return self.fn(*args)  # called again within one step while its last outputs are held
-        if self.graph is not None and [args[i].data_ptr() for i in self.static] != self.addresses:
+        if self.graph is not None and self._moved(args):
             self.handout.retire()  # a weight moved: capture again, reading it where it is now
             self.graph = None
         if self.graph is None:
@@ -109,8 +110,16 @@ class GraphStep:
             return self._give_up("an output is a view of an input")
         self.graph, self.inputs = graph, inputs
         self.handout = Handout(outputs)
-        self.addresses = [args[i].data_ptr() for i in self.static]
+        self.addresses = [a.data_ptr() if i in static else None for i, a in enumerate(args)]
         return True
+
+    def _moved(self, args: Sequence[Any]) -> bool:
+        """Whether a static input is no longer where the graph reads it (torch's check in C++ where
+        it has one: tens of weights cost microseconds of the host's time in Python)."""
+        same = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+        if same is not None:
+            return not same(list(args), self.addresses, self.static)
+        return any(args[i].data_ptr() != self.addresses[i] for i in self.static)
 
     def _give_up(self, why: str) -> bool:
         self.broken = True
@@ -120,57 +129,77 @@ class GraphStep:
 
 class Handout:
     """A captured graph's outputs (none of them views of an input: `_capture` checks) as each
-    replay hands them out: tensors over the graph's memory, each step's on storages of its own, so
-    that those still held when the next step replays can be made to raise `STALE` on access (they
-    would read that step's values). Where torch cannot do that (a CPU build), clones."""
+    replay hands them out: tensors over the graph's memory. While the caller holds none of them
+    (neither the tensor nor a view of its memory) when the next replay runs, the same tensors are
+    handed out again, as Inductor's trees do (no host time to build them); those still held are
+    made to raise `STALE` on access, and fresh ones are built. Where torch cannot make a storage
+    raise (a CPU build), clones."""
 
     def __init__(self, outputs: Sequence[Any]) -> None:
         self.captured, self.generation = list(outputs), None
         # clones where torch cannot make a storage raise (a CPU build) or tell calls apart
         poison = getattr(torch._C, "_set_storage_data_ptr_access_error_msg", None)
         self.poison = poison if _generation() is not None else None
-        # (output index, its storage's address and bytes) of each tensor output
-        self.tensors = [(i, o.untyped_storage().data_ptr(), o.untyped_storage().nbytes())
-                        for i, o in enumerate(self.captured) if isinstance(o, torch.Tensor)]
-        self.live: list = []  # weak references to the storages handed out by the last step
+        self.tensors = [i for i, o in enumerate(self.captured) if isinstance(o, torch.Tensor)]
+        self.given: list | None = None  # the outputs handed out last, over the graph's memory
+        # (storage handle, its use count when nothing but `given` held it: torch keeps a reference too)
+        self.storages: list[tuple[int, int]] = []
 
     def __del__(self) -> None:
         # the graph's memory goes back to the allocator with the captured outputs: outputs handed
         # out over it must not read whatever is put there next
         with contextlib.suppress(Exception):  # at interpreter exit torch may be gone already
-            self.retire()
+            for handle, _ in self.storages:
+                self.poison(handle, STALE)
+
+    def held(self) -> bool:
+        """Whether the caller holds any output handed out last: the tensor itself (a reference
+        besides `given`'s, in Python or C++), or a view of its memory."""
+        if self.given is None:
+            return False
+        given = self.given
+        if any(sys.getrefcount(given[i]) > 2 or given[i]._use_count() > 1 for i in self.tensors):
+            return True  # 2: `given`'s reference and getrefcount's own
+        return any(torch._C._storage_Use_Count(handle) > alone for handle, alone in self.storages)
 
     def may_overwrite(self) -> bool:
         """Whether a replay may write over the last step's outputs: they are clones, or none is
         held, or the model was called anew since (a held one then raises on access)."""
-        return (self.poison is None or _generation() != self.generation
-                or all(ref.expired() for ref in self.live))
+        return self.poison is None or _generation() != self.generation or not self.held()
 
     def retire(self) -> None:
-        """Make the last step's outputs that are still held raise on access: the replay about to
-        run overwrites their memory."""
-        for ref in self.live:
-            if not ref.expired():
-                self.poison(ref.cdata, STALE)
-        self.live = []
+        """Before a replay: if the last step's outputs are still held, they raise on access from
+        now on (the replay overwrites their memory), and the next outputs are fresh tensors."""
+        if self.held():
+            for handle, _ in self.storages:
+                self.poison(handle, STALE)
+            self.given, self.storages = None, []
 
     def outputs(self) -> list:
-        """This step's outputs: aliases of the graph's memory on fresh storages (clones without the poison)."""
-        from torch.multiprocessing.reductions import StorageWeakRef
+        """This step's outputs: tensors over the graph's memory (clones without the poison)."""
+        if self.poison is None:
+            return [o.clone() if isinstance(o, torch.Tensor) else o for o in self.captured]
+        if self.given is None:
+            self.given, self.storages = self._fresh()
+        self.generation = _generation()
+        return list(self.given)
 
-        outs = list(self.captured)
-        storages: dict[int, Any] = {}
-        for i, address, nbytes in self.tensors:
-            o = outs[i]
-            if self.poison is None:
-                outs[i] = o.clone()
-                continue
-            if address not in storages:  # outputs viewing one buffer share one storage, as they did
-                storages[address] = torch._C._construct_storage_from_data_pointer(address, o.device, nbytes)
-            outs[i] = torch.empty(0, dtype=o.dtype, device=o.device).set_(
+    def _fresh(self) -> tuple[list, list[tuple[int, int]]]:
+        """New tensors over the graph's memory, on storages of their own (outputs viewing one buffer
+        share one, as they did), and each storage's handle with its use count now (nothing else
+        holds it yet)."""
+        given, storages = list(self.captured), {}
+        for i in self.tensors:
+            o = given[i]
+            address = o.untyped_storage().data_ptr()
+            if address not in storages:
+                storages[address] = torch._C._construct_storage_from_data_pointer(
+                    address, o.device, o.untyped_storage().nbytes())
+            given[i] = torch.empty(0, dtype=o.dtype, device=o.device).set_(
                 storages[address], o.storage_offset(), o.size(), o.stride())
-        self.live, self.generation = [StorageWeakRef(s) for s in storages.values()], _generation()
-        return outs
+        handles = [s._cdata for s in storages.values()]
+        del storages  # only `given` holds them now
+        return given, [(handle, torch._C._storage_Use_Count(handle)) for handle in handles]
 
 
 def _generation() -> int | None:
