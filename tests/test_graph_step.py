@@ -108,13 +108,20 @@ def _poisoned(t, poisoned):
     return t.untyped_storage()._cdata in poisoned
 
 
-def test_outputs_are_the_graphs_memory_and_held_ones_raise_once_a_new_call_replays(fake_cuda, poison):
+def _captured():
+    """A step over a weight, called anew until its graph is captured: (weight, compiled graph,
+    step, last input, last output)."""
     w = torch.nn.Parameter(torch.randn(4, 5), requires_grad=False)
     fn, step = _step(w)
     for _ in range(graphs.WARM_CALLS + 1):
         _new_call()
         x = torch.randn(3, 4)
         out = step(w, x)[0]
+    return w, fn, step, x, out
+
+
+def test_outputs_are_the_graphs_memory_and_held_ones_raise_once_a_new_call_replays(fake_cuda, poison):
+    w, fn, step, x, out = _captured()
     captured = step.handout.captured[0]
     assert out.data_ptr() == captured.data_ptr() and torch.equal(out, x @ w + 1.0)  # no copy: an alias
     held, want = out, out.clone()
@@ -131,11 +138,7 @@ def test_outputs_are_the_graphs_memory_and_held_ones_raise_once_a_new_call_repla
 
 
 def test_outputs_nobody_holds_are_handed_out_again_and_a_held_view_counts_as_held(fake_cuda, poison):
-    w = torch.nn.Parameter(torch.randn(4, 5), requires_grad=False)
-    _, step = _step(w)
-    for _ in range(graphs.WARM_CALLS + 1):
-        _new_call()
-        out = step(w, torch.randn(3, 4))[0]
+    w, _, step, _, out = _captured()
     first = id(out)
     del out
     _new_call()
@@ -150,11 +153,7 @@ def test_outputs_nobody_holds_are_handed_out_again_and_a_held_view_counts_as_hel
 
 
 def test_a_graph_called_again_within_one_call_keeps_outputs_still_held(fake_cuda, poison):
-    w = torch.nn.Parameter(torch.randn(4, 5), requires_grad=False)
-    fn, step = _step(w)
-    for _ in range(graphs.WARM_CALLS + 1):
-        _new_call()
-        h = step(w, torch.randn(3, 4))[0]
+    w, fn, step, _, h = _captured()
     calls = fn.calls
     x = torch.randn(3, 4)
     again = step(w, x)[0]  # the same step (no new call) while `h` is held: not replayed over it
@@ -165,11 +164,7 @@ def test_a_graph_called_again_within_one_call_keeps_outputs_still_held(fake_cuda
 
 
 def test_a_recapture_makes_held_outputs_raise(fake_cuda, poison):
-    w = torch.nn.Parameter(torch.randn(4, 5), requires_grad=False)
-    _, step = _step(w)
-    for _ in range(graphs.WARM_CALLS + 1):
-        _new_call()
-        held = step(w, torch.randn(3, 4))[0]
+    w, _, step, _, held = _captured()
     moved = torch.nn.Parameter(torch.randn(4, 5), requires_grad=False)
     _new_call()
     x = torch.randn(3, 4)
