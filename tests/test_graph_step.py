@@ -122,7 +122,7 @@ def _captured():
 
 def test_outputs_are_the_graphs_memory_and_held_ones_raise_once_a_new_call_replays(fake_cuda, poison):
     w, fn, step, x, out = _captured()
-    captured = step.handout.captured[0]
+    captured = step.last.handout.captured[0]
     assert out.data_ptr() == captured.data_ptr() and torch.equal(out, x @ w + 1.0)  # no copy: an alias
     held, want = out, out.clone()
     _new_call()
@@ -163,13 +163,30 @@ def test_a_graph_called_again_within_one_call_keeps_outputs_still_held(fake_cuda
     assert fn.calls == calls + 1
 
 
-def test_a_recapture_makes_held_outputs_raise(fake_cuda, poison):
-    w, _, step, _, held = _captured()
-    moved = torch.nn.Parameter(torch.randn(4, 5), requires_grad=False)
-    _new_call()
-    x = torch.randn(3, 4)
-    assert torch.equal(step(moved, x)[0], x @ moved + 1.0) and FakeGraph.captures == 2
-    assert _poisoned(held, poison)  # its memory went with the first graph
+def test_each_set_of_weights_replays_its_own_capture_and_held_outputs_of_another_stay(fake_cuda, poison):
+    # a graph break inside repeated layers: one compiled graph called with each layer's weights
+    w, fn, step, _, _ = _captured()
+    other = torch.nn.Parameter(torch.randn(4, 5), requires_grad=False)
+    outs = []
+    for _ in range(3):
+        _new_call()
+        for weight in (w, other):
+            x = torch.randn(3, 4)
+            outs.append((step(weight, x)[0], x @ weight + 1.0))
+            assert torch.equal(*outs[-1])
+        held = outs[-2][0]  # this call's first layer's output, held past the second layer's replay
+        assert not _poisoned(held, poison) and torch.equal(*outs[-2])
+    assert FakeGraph.captures == 2 and len(step.captures) == 2
+
+
+def test_more_sets_of_weights_than_kept_run_without_graphs(fake_cuda, poison, monkeypatch, caplog):
+    monkeypatch.setattr(graphs, "MAX_CAPTURES", 2)
+    w, _, step, _, _ = _captured()
+    with caplog.at_level(logging.WARNING, logger="tritune.compiler"):
+        for _ in range(3):
+            weight, x = torch.nn.Parameter(torch.randn(4, 5), requires_grad=False), torch.randn(3, 4)
+            assert torch.equal(step(weight, x)[0], x @ weight + 1.0)
+    assert step.broken and FakeGraph.captures == 2 and "more than 2 sets of weights" in caplog.text
 
 
 def test_a_weight_that_moved_is_captured_again(fake_cuda):

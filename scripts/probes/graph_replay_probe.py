@@ -63,7 +63,8 @@ def parts(compiled, x) -> str:
     import torch
 
     step = STEPS[-1]
-    args = list(step.inputs)
+    capture = step.last
+    args = list(capture.inputs)
 
     def best(fn) -> float:
         runs = []
@@ -76,9 +77,9 @@ def parts(compiled, x) -> str:
             runs.append((time.perf_counter() - start) / 2000 * 1e6)
         return min(runs)
     timed = {"compiled call": lambda: compiled(x), "GraphStep": lambda: step(*args),
-             "address check": lambda: [args[i].data_ptr() for i in step.static] != step.addresses,
-             "input copies": lambda: [step.inputs[i].copy_(args[i]) for i in step.copied],
-             "replay": step.graph.replay, "handout": lambda: (step.handout.retire(), step.handout.outputs())}
+             "address check": lambda: step._find(args),
+             "input copies": lambda: [capture.inputs[i].copy_(args[i]) for i in step.copied],
+             "replay": capture.graph.replay, "handout": lambda: (capture.handout.retire(), capture.handout.outputs())}
     return ", ".join(f"{k} {best(fn):.1f}" for k, fn in timed.items()) + f" ({len(step.static)} static inputs)"
 
 

@@ -8,7 +8,9 @@ than that, the trees set the wall time. `GraphStep` replays Inductor's default l
 CUDA graph instead, as serving engines capture theirs:
 
 - the parameters and buffers (the inputs Dynamo marks static) are read in place, where they were
-  at capture; an input that moved since (a reassigned weight) makes it capture again;
+  at capture; a call with them elsewhere (another layer's weights, where a graph break inside
+  repeated layers reuses one compiled graph; a reassigned weight) replays the graph captured on
+  those addresses, captured then if there is none yet;
 - every other input is copied into the graph's own buffer before each replay;
 - the outputs are handed out where the graph wrote them, with the contract of Inductor's CUDA-graph
   trees: outputs still held when the compiled model is next called (a new step: Dynamo's count of
@@ -28,6 +30,7 @@ import contextlib
 import functools
 import logging
 import sys
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -38,6 +41,10 @@ from tritune.kernels.frontend.epilogue_match import written
 
 log = logging.getLogger("tritune.compiler")
 WARM_CALLS = 2  # calls run before the capture: Inductor's first calls may compile and autotune
+# CUDA graphs kept per compiled graph, one per set of its weights' addresses: a graph break inside
+# repeated layers has one compiled graph called with each layer's weights. Each keeps its own
+# memory; past this many the graph runs without CUDA graphs.
+MAX_CAPTURES = 32
 STALE = ("tritune: this output of a compiled model lived in CUDA-graph memory that a later call has "
          "overwritten (or that was freed with its graph); clone the outputs you keep past the next call")
 
@@ -55,42 +62,67 @@ def capturable(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
     return not any(written(p, exact=True) for p, x in zip(placeholders, example_inputs) if not static_input(x))
 
 
+@dataclass
+class Capture:
+    """One CUDA graph of a compiled graph: the inputs it reads (the static ones where they were at
+    capture, its own copies of the others), its outputs, and the static inputs' addresses."""
+
+    graph: Any
+    inputs: list
+    handout: Handout
+    addresses: list[int | None]  # of each input at capture (None for the copied ones)
+
+
 class GraphStep:
     """`fn` (Inductor's compiled graph, called as Dynamo calls a backend's result) replayed from a
-    CUDA graph captured at its third call."""
+    CUDA graph captured at its third call, one per set of the static inputs' addresses (up to
+    MAX_CAPTURES)."""
 
     def __init__(self, fn: Callable[..., Any], example_inputs: Sequence[Any]) -> None:
         self.fn = fn
         self.static = [i for i, x in enumerate(example_inputs) if static_input(x)]
         self.copied = [i for i, x in enumerate(example_inputs) if not static_input(x)]
-        self.calls, self.graph, self.broken = 0, None, False
-        self.inputs: list = []
-        self.handout: Handout | None = None
-        self.addresses: list[int | None] = []  # of each input at capture (the static ones')
+        self.calls, self.broken = 0, False
+        self.captures: dict[tuple[int, ...], Capture] = {}  # by the static inputs' addresses
+        self.last: Capture | None = None  # the capture replayed last
 
     def __call__(self, *args: Any) -> Any:
         if self.broken:
             return self.fn(*args)
-        if self.handout is not None and not self.handout.may_overwrite():
-            return self.fn(*args)  # called again within one step while its last outputs are held
-        if self.graph is not None and self._moved(args):
-            self.handout.retire()  # a weight moved: capture again, reading it where it is now
-            self.graph = None
-        if self.graph is None:
+        capture = self._find(args)
+        if capture is None:
             if self.calls < WARM_CALLS:
                 self.calls += 1
                 return self.fn(*args)
-            if not self._capture(args):
+            capture = self._capture(args)
+            if capture is None:
                 return self.fn(*args)
+        if not capture.handout.may_overwrite():
+            return self.fn(*args)  # called again within one step while its last outputs are held
+        self.last = capture
         for i in self.copied:
-            self.inputs[i].copy_(args[i])
-        self.handout.retire()
-        self.graph.replay()
-        return self.handout.outputs()
+            capture.inputs[i].copy_(args[i])
+        capture.handout.retire()
+        capture.graph.replay()
+        return capture.handout.outputs()
 
-    def _capture(self, args: Sequence[Any]) -> bool:
-        """Capture a call on the static inputs and copies of the others; False (logged, and the
+    def _find(self, args: Sequence[Any]) -> Capture | None:
+        """The capture that reads the static inputs where they are now: the last one replayed
+        (checked in torch's C++ where it has the check: tens of weights cost microseconds of the
+        host's time in Python), else the one captured on these addresses."""
+        if self.last is not None:
+            same = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+            addresses = self.last.addresses
+            if (same(list(args), addresses, self.static) if same is not None
+                    else all(args[i].data_ptr() == addresses[i] for i in self.static)):
+                return self.last
+        return self.captures.get(tuple(args[i].data_ptr() for i in self.static)) if len(self.captures) > 1 else None
+
+    def _capture(self, args: Sequence[Any]) -> Capture | None:
+        """Capture a call on the static inputs and copies of the others; None (logged, and the
         graph runs without CUDA graphs from now on) where that cannot work."""
+        if len(self.captures) >= MAX_CAPTURES:
+            return self._give_up(f"it was called with more than {MAX_CAPTURES} sets of weights")
         static = set(self.static)
         inputs = [a if i in static else a.clone() for i, a in enumerate(args)]
         graph = torch.cuda.CUDAGraph()
@@ -108,23 +140,15 @@ class GraphStep:
         owned = {x.untyped_storage().data_ptr() for x in inputs if isinstance(x, torch.Tensor)}
         if any(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in owned for o in outputs):
             return self._give_up("an output is a view of an input")
-        self.graph, self.inputs = graph, inputs
-        self.handout = Handout(outputs)
-        self.addresses = [a.data_ptr() if i in static else None for i, a in enumerate(args)]
-        return True
+        addresses = [a.data_ptr() if i in static else None for i, a in enumerate(args)]
+        capture = Capture(graph, inputs, Handout(outputs), addresses)
+        self.captures[tuple(addresses[i] for i in self.static)] = capture
+        return capture
 
-    def _moved(self, args: Sequence[Any]) -> bool:
-        """Whether a static input is no longer where the graph reads it (torch's check in C++ where
-        it has one: tens of weights cost microseconds of the host's time in Python)."""
-        same = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
-        if same is not None:
-            return not same(list(args), self.addresses, self.static)
-        return any(args[i].data_ptr() != self.addresses[i] for i in self.static)
-
-    def _give_up(self, why: str) -> bool:
+    def _give_up(self, why: str) -> None:
+        # the captures stay: outputs a caller holds keep their memory
         self.broken = True
         log.warning("tritune: a compiled graph runs without CUDA graphs: %s", why)
-        return False
 
 
 class Handout:
