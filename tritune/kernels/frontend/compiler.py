@@ -10,7 +10,7 @@ a record, and the rest of the graph go to Inductor (or to another `fallback`), i
 for ("reduce-overhead": CUDA graphs), as does a whole graph whose tensors are not all on CUDA; a
 gated pair or wide group whose kernel does not run leaves its contractions to be sites of their
 own. Misses are logged once per workload. In the "reduce-overhead" mode with Inductor, a graph with
-tuned sites runs Inductor's default lowering replayed from one plain CUDA graph (`graphs`: less
+tuned sites runs Inductor's default lowering replayed from plain CUDA graphs (`graphs`: less
 host time per call than Inductor's CUDA-graph trees), unless it writes a non-static input in place.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One plain CUDA graph per compiled graph: the backend's CUDA-graph mode ("reduce-overhead").
+"""Plain CUDA graphs around compiled graphs: the backend's CUDA-graph mode ("reduce-overhead").
 
 Inductor's reduce-overhead replays through CUDA-graph trees, whose bookkeeping on every call (input
 checks, memory-pool generations, output liveness) costs the host about 50 us per decode step more
