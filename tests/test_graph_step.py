@@ -263,3 +263,34 @@ def test_the_backend_replays_graphs_with_tuned_sites_from_one_cuda_graph(fake_cu
         outs = [(compiled(x), model(x)) for x in (torch.randn(17, 23) for _ in range(5))]
     assert [k for _, k in backend.sites] == ["tuned", "tuned"] and lowered == [None]  # the default lowering
     assert FakeGraph.captures == 1 and all(torch.allclose(y, want, atol=1e-5) for y, want in outs)
+
+
+def test_through_torch_compile_outputs_are_handed_out_again_until_one_is_held(fake_cuda, poison, monkeypatch, tmp_path,
+                                                                             tuned_calls):
+    import tritune
+    from tritune.kernels.frontend import compiler
+
+    from torch._inductor.cudagraph_trees import MarkStepBox
+
+    monkeypatch.setattr(MarkStepBox, "mark_step_counter", 0)  # calls tell steps apart, not step marks (other tests')
+    monkeypatch.setattr(compiler, "inductor", lambda mode=None, combo=False, early=False: lambda gm, ex: Recorded(gm))
+    builds = []
+    fresh = graphs.Handout._fresh
+    monkeypatch.setattr(graphs.Handout, "_fresh", lambda self: builds.append(1) or fresh(self))
+    model = torch.nn.Sequential(torch.nn.Linear(23, 21), torch.nn.ReLU(), torch.nn.Linear(21, 9))
+    db = store(tmp_path / "t.db", [t.expr for t in tritune.extract_tasks(model, (torch.randn(17, 23),))])
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=tritune.compiler(db, mode="reduce-overhead"), fullgraph=True)
+    with torch.no_grad():
+        for _ in range(6):  # each output dropped before the next call: Dynamo keeps no reference to it
+            x = torch.randn(17, 23)
+            y = compiled(x)
+            assert torch.allclose(y, model(x), atol=1e-5)
+            del y
+        assert len(builds) == 1 and not poison
+        y = compiled(x)
+        for _ in range(3):  # `y` still held at each call, as in `y = model(x)` in a loop: it raises, the new one is fresh
+            old, x = y, torch.randn(17, 23)
+            y = compiled(x)
+            assert _poisoned(old, poison) and torch.allclose(y, model(x), atol=1e-5)
+    assert len(builds) == 4
