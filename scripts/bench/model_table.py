@@ -15,6 +15,7 @@ import json
 import math
 import sys
 from collections import Counter
+from pathlib import Path
 
 from scripts.bench.bench_children import SHAPES, VARIANTS, is_decode
 
@@ -171,7 +172,7 @@ def main(paths: list[str]) -> int:
         print("usage: python -m scripts.bench.model_table DIR/model_bench.json [...]", file=sys.stderr)
         return 2
     try:
-        results = [json.loads(open(path).read()) for path in paths]
+        results = [json.loads(Path(path).read_text()) for path in paths]
     except (OSError, ValueError) as exc:
         print(f"model_table: {exc}", file=sys.stderr)
         return 2

@@ -57,26 +57,17 @@ def lean_backend(gm, example_inputs):
 
 
 def parts(compiled, x) -> str:
-    """µs per call (best of 5 runs of 2000 calls) of the compiled call, the GraphStep inside it, and
-    its parts: the weights' address check, the inputs' copies, the replay, the outputs' handout."""
-    import time
-
-    import torch
+    """µs per call (best of 5 runs of ~0.1 s of calls back to back) of the compiled call, the
+    GraphStep inside it, and its parts: the weights' address check, the inputs' copies, the
+    replay, the outputs' handout."""
+    from tritune.tuner.timing import per_call_ms
 
     step = STEPS[-1]
     capture = step.last
     args = list(capture.inputs)
 
     def best(fn) -> float:
-        runs = []
-        for _ in range(5):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(2000):
-                fn()
-            torch.cuda.synchronize()
-            runs.append((time.perf_counter() - start) / 2000 * 1e6)
-        return min(runs)
+        return min(per_call_ms(fn, 0.1) for _ in range(5)) * 1e3
     timed = {"compiled call": lambda: compiled(x), "GraphStep": lambda: step(*args),
              "address check": lambda: step._find(args),
              "input copies": lambda: [capture.inputs[i].copy_(args[i]) for i in step.copied],

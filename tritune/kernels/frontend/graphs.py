@@ -45,6 +45,8 @@ WARM_CALLS = 2  # calls run before the capture: Inductor's first calls may compi
 # repeated layers has one compiled graph called with each layer's weights. Each keeps its own
 # memory; past this many the graph runs without CUDA graphs.
 MAX_CAPTURES = 32
+# torch's C++ check that tensors at some indices are at the given addresses (CUDA builds)
+_same_addresses = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 STALE = ("tritune: this output of a compiled model lived in CUDA-graph memory that a later call has "
          "overwritten (or that was freed with its graph); clone the outputs you keep past the next call")
 
@@ -111,9 +113,8 @@ class GraphStep:
         (checked in torch's C++ where it has the check: tens of weights cost microseconds of the
         host's time in Python), else the one captured on these addresses."""
         if self.last is not None:
-            same = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
             addresses = self.last.addresses
-            if (same(list(args), addresses, self.static) if same is not None
+            if (_same_addresses(list(args), addresses, self.static) if _same_addresses is not None
                     else all(args[i].data_ptr() == addresses[i] for i in self.static)):
                 return self.last
         return self.captures.get(tuple(args[i].data_ptr() for i in self.static)) if len(self.captures) > 1 else None
@@ -173,8 +174,7 @@ class Handout:
         # the graph's memory goes back to the allocator with the captured outputs: outputs handed
         # out over it must not read whatever is put there next
         with contextlib.suppress(Exception):  # at interpreter exit torch may be gone already
-            for handle, _ in self.storages:
-                self.poison(handle, STALE)
+            self._poison()
 
     def held(self) -> bool:
         """Whether the caller holds any output handed out last: the tensor itself (a reference
@@ -195,9 +195,13 @@ class Handout:
         """Before a replay: if the last step's outputs are still held, they raise on access from
         now on (the replay overwrites their memory), and the next outputs are fresh tensors."""
         if self.held():
-            for handle, _ in self.storages:
-                self.poison(handle, STALE)
+            self._poison()
             self.given, self.storages = None, []
+
+    def _poison(self) -> None:
+        """Make every storage handed out last raise `STALE` on access."""
+        for handle, _ in self.storages:
+            self.poison(handle, STALE)
 
     def outputs(self) -> list:
         """This step's outputs: tensors over the graph's memory (clones without the poison)."""
