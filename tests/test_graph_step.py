@@ -120,21 +120,49 @@ def _captured():
     return w, fn, step, x, out
 
 
-def test_outputs_are_the_graphs_memory_and_held_ones_raise_once_a_new_call_replays(fake_cuda, poison):
+def test_outputs_are_the_graphs_memory_a_held_set_is_spared_once_and_raises_when_both_are_held(fake_cuda, poison):
     w, fn, step, x, out = _captured()
-    captured = step.last.handout.captured[0]
-    assert out.data_ptr() == captured.data_ptr() and torch.equal(out, x @ w + 1.0)  # no copy: an alias
+    first = step.last.sets[0][1].captured[0]
+    assert out.data_ptr() == first.data_ptr() and torch.equal(out, x @ w + 1.0)  # no copy: an alias
     held, want = out, out.clone()
     _new_call()
-    out = step(w, torch.randn(3, 4))[0]
-    # the replay wrote where `held` reads: its storage now raises, with the fix named
+    x = torch.randn(3, 4)
+    second = step(w, x)[0]  # `held` is still held: a second graph, with outputs of its own
+    assert FakeGraph.captures == 2 and second.data_ptr() != held.data_ptr()
+    assert torch.equal(second, x @ w + 1.0) and torch.equal(held, want) and not poison
+    _new_call()
+    x = torch.randn(3, 4)
+    third = step(w, x)[0]  # both sets held: the earlier call's is overwritten, and raises, naming the fix
+    assert third.data_ptr() == held.data_ptr() and torch.equal(third, x @ w + 1.0)
     assert _poisoned(held, poison) and "clone" in poison[held.untyped_storage()._cdata]
-    assert not torch.equal(held, want) and not _poisoned(out, poison)
-    dropped = out.untyped_storage()._cdata
-    del out
+    assert not torch.equal(held, want) and not _poisoned(second, poison) and not _poisoned(third, poison)
+    dropped = third.untyped_storage()._cdata
+    del third
     _new_call()
     step(w, torch.randn(3, 4))
-    assert dropped not in poison  # nothing held: nothing to poison
+    assert dropped not in poison and FakeGraph.captures == 2  # nothing held there: nothing to poison
+
+
+def test_a_held_output_past_the_memory_for_a_second_graph_raises_at_the_next_call(fake_cuda, poison, monkeypatch):
+    monkeypatch.setattr(graphs, "SECOND_SET_MAX_BYTES", -1)  # a graph whose memory is too large to double
+    w, fn, step, x, out = _captured()
+    held = out
+    _new_call()
+    x = torch.randn(3, 4)
+    assert torch.equal(step(w, x)[0], x @ w + 1.0) and _poisoned(held, poison) and FakeGraph.captures == 1
+
+
+def test_a_second_graph_that_cannot_be_captured_leaves_held_outputs_to_raise(fake_cuda, poison, monkeypatch, caplog):
+    w, fn, step, x, out = _captured()
+
+    def refuse(graph):
+        raise RuntimeError("out of memory")
+    monkeypatch.setattr(torch.cuda, "graph", refuse)
+    with caplog.at_level(logging.WARNING, logger="tritune.compiler"):
+        _new_call()
+        x = torch.randn(3, 4)
+        assert torch.equal(step(w, x)[0], x @ w + 1.0)
+    assert _poisoned(out, poison) and not step.broken and "second CUDA graph" in caplog.text
 
 
 def test_outputs_nobody_holds_are_handed_out_again_and_a_held_view_counts_as_held(fake_cuda, poison):
@@ -148,34 +176,41 @@ def test_outputs_nobody_holds_are_handed_out_again_and_a_held_view_counts_as_hel
     row = out[1]  # a view of the output's memory: the output counts as held
     del out
     _new_call()
+    other = step(w, torch.randn(3, 4))[0]
+    assert FakeGraph.captures == 2 and not poison  # the view held the first set: the second replayed
+    _new_call()
     step(w, torch.randn(3, 4))
-    assert _poisoned(row, poison)
+    assert _poisoned(row, poison) and not _poisoned(other, poison)
 
 
-def test_a_graph_called_again_within_one_call_keeps_outputs_still_held(fake_cuda, poison):
+def test_a_graph_called_again_within_one_call_spares_outputs_still_held(fake_cuda, poison):
     w, fn, step, _, h = _captured()
     calls = fn.calls
     x = torch.randn(3, 4)
-    again = step(w, x)[0]  # the same step (no new call) while `h` is held: not replayed over it
-    assert fn.calls == calls + 1 and not _poisoned(h, poison) and torch.equal(again, x @ w + 1.0)
-    del h, again
+    again = step(w, x)[0]  # the same step (no new call) while `h` is held: a second graph, captured now
+    assert fn.calls == calls + 1 and FakeGraph.captures == 2 and torch.equal(again, x @ w + 1.0)
+    x = torch.randn(3, 4)
+    third = step(w, x)[0]  # both held within the step: run without a graph
+    assert fn.calls == calls + 2 and torch.equal(third, x @ w + 1.0) and not poison
+    del h, again, third
     step(w, x)  # nothing held any more: replayed
-    assert fn.calls == calls + 1
+    assert fn.calls == calls + 2
 
 
 def test_each_set_of_weights_replays_its_own_capture_and_held_outputs_of_another_stay(fake_cuda, poison):
     # a graph break inside repeated layers: one compiled graph called with each layer's weights
-    w, fn, step, _, _ = _captured()
+    w, fn, step, _, out = _captured()
+    del out
     other = torch.nn.Parameter(torch.randn(4, 5), requires_grad=False)
-    outs = []
     for _ in range(3):
         _new_call()
+        outs = []  # the last call's outputs dropped
         for weight in (w, other):
             x = torch.randn(3, 4)
             outs.append((step(weight, x)[0], x @ weight + 1.0))
             assert torch.equal(*outs[-1])
-        held = outs[-2][0]  # this call's first layer's output, held past the second layer's replay
-        assert not _poisoned(held, poison) and torch.equal(*outs[-2])
+        # this call's first layer's output, held past the second layer's replay
+        assert not _poisoned(outs[0][0], poison) and torch.equal(*outs[0])
     assert FakeGraph.captures == 2 and len(step.captures) == 2
 
 
@@ -265,7 +300,7 @@ def test_the_backend_replays_graphs_with_tuned_sites_from_one_cuda_graph(fake_cu
     assert FakeGraph.captures == 1 and all(torch.allclose(y, want, atol=1e-5) for y, want in outs)
 
 
-def test_through_torch_compile_outputs_are_handed_out_again_until_one_is_held(fake_cuda, poison, monkeypatch, tmp_path,
+def test_through_torch_compile_outputs_are_handed_out_again_and_a_held_one_gets_a_second_graph(fake_cuda, poison, monkeypatch, tmp_path,
                                                                              tuned_calls):
     import tritune
     from tritune.kernels.frontend import compiler
@@ -289,8 +324,8 @@ def test_through_torch_compile_outputs_are_handed_out_again_until_one_is_held(fa
             del y
         assert len(builds) == 1 and not poison
         y = compiled(x)
-        for _ in range(3):  # `y` still held at each call, as in `y = model(x)` in a loop: it raises, the new one is fresh
-            old, x = y, torch.randn(17, 23)
+        for _ in range(4):  # `y` still held at each call, as in `y = model(x)` in a loop: two graphs take turns
+            old, want, x = y, y.clone(), torch.randn(17, 23)
             y = compiled(x)
-            assert _poisoned(old, poison) and torch.allclose(y, model(x), atol=1e-5)
-    assert len(builds) == 4
+            assert torch.allclose(y, model(x), atol=1e-5) and torch.equal(old, want)
+    assert len(builds) == 2 and not poison and FakeGraph.captures == 2

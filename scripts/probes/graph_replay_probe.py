@@ -64,6 +64,7 @@ def parts(compiled, x) -> str:
 
     step = STEPS[-1]
     capture = step.last
+    graph, handout = capture.sets[-1]
     args = list(capture.inputs)
 
     def best(fn) -> float:
@@ -71,7 +72,7 @@ def parts(compiled, x) -> str:
     timed = {"compiled call": lambda: compiled(x), "GraphStep": lambda: step(*args),
              "address check": lambda: step._find(args),
              "input copies": lambda: [capture.inputs[i].copy_(args[i]) for i in step.copied],
-             "replay": capture.graph.replay, "handout": lambda: (capture.handout.retire(), capture.handout.outputs())}
+             "replay": graph.replay, "handout": lambda: (handout.retire(), handout.outputs())}
     return ", ".join(f"{k} {best(fn):.1f}" for k, fn in timed.items()) + f" ({len(step.static)} static inputs)"
 
 

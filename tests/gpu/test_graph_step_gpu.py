@@ -1,13 +1,13 @@
-"""The backend's CUDA-graph step on the GPU: a step's outputs are the graph's own memory, one held
-past the next call raises (naming the fix) instead of reading the next step's values, and a clone
-taken in time keeps them."""
+"""The backend's CUDA-graph step on the GPU: a step's outputs are the graph's own memory; one held
+at the next call is spared by a second graph, one held past two calls raises (naming the fix)
+instead of reading a later step's values, and a clone taken in time keeps them."""
 import pytest
 import torch
 
 import gpu_cases
 
 
-def test_outputs_held_past_the_next_call_raise_and_clones_keep_them(tmp_path):
+def test_outputs_held_past_two_calls_raise_and_clones_keep_them(tmp_path):
     import tritune
 
     torch.manual_seed(0)
@@ -22,14 +22,18 @@ def test_outputs_held_past_the_next_call_raise_and_clones_keep_them(tmp_path):
             compiled(x)
         first = compiled(x)
         where, kept = first.data_ptr(), first.clone()
-        second = compiled(y)
+        second = compiled(y)  # `first` held: a second graph, outputs of its own
+        torch.cuda.synchronize()
+        assert second.data_ptr() != where and torch.equal(first, kept)
+        third = compiled(y)  # both held: the first graph again, where it wrote before (no copy)
         torch.cuda.synchronize()
         want_x, want_y = model(x), model(y)
     assert any(kind == "tuned" for _, kind in backend.sites)
-    assert second.data_ptr() == where  # handed out where the graph wrote it: no copy
+    assert third.data_ptr() == where
     with pytest.raises(RuntimeError, match="clone the outputs"):
         first.sum()
     assert torch.allclose(kept, want_x, atol=1e-2) and torch.allclose(second, want_y, atol=1e-2)
+    assert torch.equal(second, third)
 
 
 def test_a_step_reads_weights_in_place_and_captures_on_weights_elsewhere():
@@ -49,3 +53,43 @@ def test_a_step_reads_weights_in_place_and_captures_on_weights_elsewhere():
     assert torch.allclose(step(w, x)[0], x @ w + 1.0, atol=1e-3) and len(step.captures) == 1
     moved = w_new()
     assert torch.allclose(step(moved, x)[0], x @ moved + 1.0, atol=1e-3) and len(step.captures) == 2
+
+
+class _BrokenLayers(torch.nn.Module):
+    """Layers with a graph break inside each: Dynamo calls one compiled graph with each layer's weights."""
+
+    def __init__(self, layers: int = 4, width: int = 64):
+        super().__init__()
+        self.ups = torch.nn.ModuleList(torch.nn.Linear(width, 2 * width) for _ in range(layers))
+        self.downs = torch.nn.ModuleList(torch.nn.Linear(2 * width, width) for _ in range(layers))
+
+    def forward(self, x):
+        for up, down in zip(self.ups, self.downs):
+            h = torch.relu(up(x))
+            torch._dynamo.graph_break()
+            x = x + down(h)
+        return x
+
+
+def test_a_graph_break_inside_layers_replays_each_layers_graph_and_loop_outputs_stay_right(tmp_path, caplog):
+    import logging
+
+    import tritune
+
+    torch.manual_seed(0)
+    model = _BrokenLayers().cuda().half()
+    xs = [torch.randn(16, 64, device="cuda", dtype=torch.float16) for _ in range(6)]
+    db = gpu_cases.store_defaults(tritune.extract_tasks(model, (xs[0],)), tmp_path / "t.db")
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=tritune.compiler(db, mode="reduce-overhead"))
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="tritune.compiler"):
+        got, y = [], None
+        for x in xs:  # `y = model(x)` in a loop: the last output is held while the next step runs
+            prev, y = y, compiled(x)
+            torch.cuda.synchronize()
+            got.append(y.clone())
+            if prev is not None:
+                assert torch.equal(prev, got[-2])  # still the previous step's values
+        want = [model(x) for x in xs]
+    assert "without CUDA graphs" not in caplog.text
+    assert all(torch.allclose(g, w, atol=2e-2, rtol=2e-2) for g, w in zip(got, want))

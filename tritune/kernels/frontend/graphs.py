@@ -12,12 +12,16 @@ CUDA graph instead, as serving engines capture theirs:
   repeated layers reuses one compiled graph; a reassigned weight) replays the graph captured on
   those addresses, captured then if there is none yet;
 - every other input is copied into the graph's own buffer before each replay;
-- the outputs are handed out where the graph wrote them, with the contract of Inductor's CUDA-graph
-  trees: outputs still held when the compiled model is next called (a new step: Dynamo's count of
-  calls, or `torch.compiler.cudagraph_mark_step_begin()`) raise on access (`STALE`, naming the
-  fix: clone what must outlive the next call), never read another step's values; a graph called
-  again within one step while its last outputs are held runs without its CUDA graph. A torch that
-  cannot make a storage raise (a CPU build) gets clones instead.
+- the outputs are handed out where the graph wrote them. Where a caller still holds them at the
+  next call (`y = model(x)` in a loop holds the last `y` while the next step runs; a graph called
+  again within one step), a second CUDA graph of the same call, with outputs of its own, is
+  captured once and the two take turns, so a loop's outputs stay valid one call longer and are
+  never rebuilt (graphs whose memory is small: a decode step's). Past that, the contract of
+  Inductor's CUDA-graph trees: outputs still held when the compiled model is next called (a new
+  step: Dynamo's count of calls, or `torch.compiler.cudagraph_mark_step_begin()`) raise on access
+  (`STALE`, naming the fix: clone what must outlive the next call), never read another step's
+  values; a graph called again within one step while all its outputs are held runs without a CUDA
+  graph. A torch that cannot make a storage raise (a CPU build) gets clones instead.
 
 A graph that writes one of its non-static inputs in place is not captured (the write would land
 in the graph's copy): the backend leaves it to the trees. A capture that fails (an op that syncs
@@ -45,6 +49,9 @@ WARM_CALLS = 2  # calls run before the capture: Inductor's first calls may compi
 # repeated layers has one compiled graph called with each layer's weights. Each keeps its own
 # memory; past this many the graph runs without CUDA graphs.
 MAX_CAPTURES = 32
+# A second CUDA graph of a call (outputs of its own, for callers that hold the last ones) only where
+# the first one's memory is at most this: a decode step's is a few MB, a prefill's may be GBs.
+SECOND_SET_MAX_BYTES = 256 << 20
 # torch's C++ check that tensors at some indices are at the given addresses (CUDA builds)
 _same_addresses = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 STALE = ("tritune: this output of a compiled model lived in CUDA-graph memory that a later call has "
@@ -66,13 +73,14 @@ def capturable(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
 
 @dataclass
 class Capture:
-    """One CUDA graph of a compiled graph: the inputs it reads (the static ones where they were at
-    capture, its own copies of the others), its outputs, and the static inputs' addresses."""
+    """The CUDA graphs of a compiled graph on one set of weights: the inputs they read (the static
+    ones where they were at capture, its own copies of the others), the static inputs' addresses,
+    and one or two graphs (`sets`), each with its outputs' handout."""
 
-    graph: Any
     inputs: list
-    handout: Handout
     addresses: list[int | None]  # of each input at capture (None for the copied ones)
+    sets: list[tuple[Any, Handout]]  # (graph, its outputs' handout), the last replayed last
+    small: bool  # whether the first graph's memory leaves room for a second (SECOND_SET_MAX_BYTES)
 
 
 class GraphStep:
@@ -99,14 +107,35 @@ class GraphStep:
             capture = self._capture(args)
             if capture is None:
                 return self.fn(*args)
-        if not capture.handout.may_overwrite():
-            return self.fn(*args)  # called again within one step while its last outputs are held
+        chosen = self._choose(capture)
+        if chosen is None:
+            return self.fn(*args)  # called again within one step while all its outputs are held
+        if chosen is not capture.sets[-1]:  # the sets in the order of their last replays
+            capture.sets.remove(chosen)
+            capture.sets.append(chosen)
+        graph, handout = chosen
         self.last = capture
         for i in self.copied:
             capture.inputs[i].copy_(args[i])
-        capture.handout.retire()
-        capture.graph.replay()
-        return capture.handout.outputs()
+        handout.retire()
+        graph.replay()
+        return handout.outputs()
+
+    def _choose(self, capture: Capture) -> tuple[Any, Handout] | None:
+        """The graph to replay: one whose outputs nobody holds (handed out again as they are), else
+        a second graph captured now (once, where memory allows), else the one replayed longest ago
+        whose held outputs are from an earlier call of the model (they will raise), else None."""
+        for chosen in capture.sets:
+            if not chosen[1].held():
+                return chosen
+        if len(capture.sets) == 1 and capture.small:
+            recorded = self._record(capture.inputs, warm=False)
+            if isinstance(recorded, tuple):
+                capture.sets.append((recorded[0], Handout(recorded[1])))
+                return capture.sets[-1]
+            capture.small = False
+            log.warning("tritune: a second CUDA graph of a compiled graph was not captured: %s", recorded)
+        return next((c for c in capture.sets if c[1].may_overwrite()), None)
 
     def _find(self, args: Sequence[Any]) -> Capture | None:
         """The capture that reads the static inputs where they are now: the last one replayed
@@ -126,25 +155,36 @@ class GraphStep:
             return self._give_up(f"it was called with more than {MAX_CAPTURES} sets of weights")
         static = set(self.static)
         inputs = [a if i in static else a.clone() for i, a in enumerate(args)]
+        reserved = torch.cuda.memory_reserved()
+        recorded = self._record(inputs)
+        if not isinstance(recorded, tuple):
+            return self._give_up(recorded)
+        small = torch.cuda.memory_reserved() - reserved <= SECOND_SET_MAX_BYTES
+        addresses = [a.data_ptr() if i in static else None for i, a in enumerate(args)]
+        capture = Capture(inputs, addresses, [(recorded[0], Handout(recorded[1]))], small)
+        self.captures[tuple(addresses[i] for i in self.static)] = capture
+        return capture
+
+    def _record(self, inputs: list, warm: bool = True) -> tuple[Any, list] | str:
+        """A CUDA graph of a call on `inputs` (in memory of its own) and its outputs, or why not.
+        `warm`: a call on a side stream first, as torch's capture wants (libraries set up per stream;
+        a second graph of the same call needs none, and its inputs still hold the last call's)."""
         graph = torch.cuda.CUDAGraph()
         try:
-            # a call on a side stream first, as torch's capture wants (libraries set up per stream)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self.fn(*inputs)
-            torch.cuda.current_stream().wait_stream(side)
+            if warm:
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    self.fn(*inputs)
+                torch.cuda.current_stream().wait_stream(side)
             with torch.cuda.graph(graph):
                 outputs = self.fn(*inputs)
         except Exception as exc:  # noqa: BLE001 - an op that cannot be captured: run without a graph
-            return self._give_up(f"it could not be captured ({first_line(exc)})")
+            return f"it could not be captured ({first_line(exc)})"
         owned = {x.untyped_storage().data_ptr() for x in inputs if isinstance(x, torch.Tensor)}
         if any(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in owned for o in outputs):
-            return self._give_up("an output is a view of an input")
-        addresses = [a.data_ptr() if i in static else None for i, a in enumerate(args)]
-        capture = Capture(graph, inputs, Handout(outputs), addresses)
-        self.captures[tuple(addresses[i] for i in self.static)] = capture
-        return capture
+            return "an output is a view of an input"
+        return graph, outputs
 
     def _give_up(self, why: str) -> None:
         # the captures stay: outputs a caller holds keep their memory
