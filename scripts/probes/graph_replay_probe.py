@@ -2,8 +2,10 @@
 trees (Inductor `reduce-overhead`) against a plain CUDA graph replayed around Inductor's default
 lowering (the backend's CUDA-graph mode, `GraphStep`: inputs copied in, outputs handed out where
 the graph wrote them; the same with each step's output kept until the next step has run, as
-`y = model(x)` in a loop keeps it; and with each output cloned, as `GraphStep` once did), and
-against the floor (a graph of the whole model call replayed by hand, no torch.compile on the way).
+`y = model(x)` in a loop keeps it, with its second graph and without (held outputs poisoned and
+fresh ones built at every step); and with each output cloned, as `GraphStep` once did), and
+against the floor (a graph of the whole model call replayed by hand, no torch.compile on the way);
+and the step with Dynamo checking only the guards that tell its compiled entries apart.
 Each zoo model's decode step, all variants in one process, timed in turns (mean per step of steps
 back to back); then each variant's GPU time per step (the profiler's).
 
@@ -56,6 +58,38 @@ def lean_backend(gm, example_inputs):
     return STEPS[-1]
 
 
+def one_set_backend(gm, example_inputs):
+    """`lean_backend` whose graphs never take a second set of outputs: outputs still held at the
+    next call raise there, and fresh ones are built (the CUDA-graph trees' contract)."""
+    step = lean_backend(gm, example_inputs)
+    capture = step._capture
+
+    def one_set(args):
+        made = capture(args)
+        if made is not None:
+            made.small = False
+        return made
+    step._capture = one_set
+    return step
+
+
+def guards_skipped(fn):
+    """`fn` under torch's stance that checks only the guards telling a code object's compiled
+    entries apart (`skip_guard_eval_unsafe`: the caller vouches that nothing else guarded changes),
+    as a serving loop past its warm-up may run; None where this torch has no such stance."""
+    import inspect
+
+    import torch
+
+    if "skip_guard_eval_unsafe" not in inspect.signature(torch.compiler.set_stance).parameters:
+        return None
+
+    def call():
+        with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+            return fn()
+    return call
+
+
 def parts(compiled, x) -> str:
     """µs per call (best of 5 runs of ~0.1 s of calls back to back) of the compiled call, the
     GraphStep inside it, and its parts: the weights' address check, the inputs' copies, the
@@ -99,15 +133,23 @@ def main() -> None:
             ro = torch.compile(model, mode="reduce-overhead")
             default = torch.compile(model)
             lean = torch.compile(model, backend=lean_backend)
-            for f in (ro, default, lean):
+            one_set = torch.compile(model, backend=one_set_backend)
+            for f in (ro, default, one_set, lean):
                 for _ in range(4):
                     step_caller(f, (x,), f is ro)()
             floor = plain_graph(default, (x,))
-            kept = [lean(x)]  # the last step's output, held while the next step runs
+            kept, kept_one = [lean(x)], [one_set(x)]  # the last step's output, held while the next step runs
+            # the kept variants begin a step first, as reduce-overhead's caller does: once a process
+            # has marked a step, steps are what its marks say (Inductor's trees count them so too)
+            lean_kept, one_kept = step_caller(lean, (x,), True), step_caller(one_set, (x,), True)
             fns = {"reduce-overhead": step_caller(ro, (x,), True), "default": lambda: default(x),
-                   "lean graph": lambda: lean(x), "lean graph, kept": lambda: kept.append(lean(x)) or kept.pop(0),
+                   "lean graph": lambda: lean(x), "lean graph, kept": lambda: kept.append(lean_kept()) or kept.pop(0),
+                   "lean graph, kept, one set": lambda: kept_one.append(one_kept()) or kept_one.pop(0),
                    "lean graph, cloned": lambda: lean(x).clone(),
-                   "hand graph": lambda: floor(x)}
+                   "hand graph": lambda: floor(x),
+                   "reduce-overhead, guards skipped": guards_skipped(step_caller(ro, (x,), True)),
+                   "lean graph, guards skipped": guards_skipped(lambda: lean(x))}
+            fns = {k: fn for k, fn in fns.items() if fn is not None}
             ref = default(x).float()
             for key in ("lean graph", "hand graph"):
                 err = (fns[key]().float() - ref).abs().max().item()
