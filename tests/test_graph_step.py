@@ -109,11 +109,11 @@ def _poisoned(t, poisoned):
 
 
 def _captured():
-    """A step over a weight, called anew until its graph is captured: (weight, compiled graph,
-    step, last input, last output)."""
+    """A step over a weight, called anew until its graph is captured and replayed once: (weight,
+    compiled graph, step, last input, last output)."""
     w = torch.nn.Parameter(torch.randn(4, 5), requires_grad=False)
     fn, step = _step(w)
-    for _ in range(graphs.WARM_CALLS + 1):
+    for _ in range(graphs.WARM_CALLS + 2):
         _new_call()
         x = torch.randn(3, 4)
         out = step(w, x)[0]
@@ -255,6 +255,24 @@ def test_an_output_that_views_an_input_is_not_replayed(fake_cuda):
         x = torch.randn(3, 4)
         assert torch.equal(step(w, x)[0], x.view(-1))
     assert step.broken
+
+
+def test_a_graph_writing_a_buffer_writes_it_once_a_call_the_capturing_call_included(fake_cuda):
+    buf = torch.zeros(3)
+    buf._dynamo_static_input_type = "unguarded"  # a module's buffer, read and written in place
+
+    def writes(b, x):
+        if FakeGraph.current is not None:
+            return [torch.empty_like(b)]  # capturing: a real capture records the kernels and runs none
+        b.add_(x)
+        return [b * 2]
+    step, want = GraphStep(Recorded(writes), [buf, torch.randn(3)]), torch.zeros(3)
+    for _ in range(6):
+        x = torch.randn(3)
+        want += x
+        out = step(buf, x)[0]
+        assert torch.allclose(buf, want) and torch.allclose(out, 2 * want)
+    assert FakeGraph.captures == 1
 
 
 def test_graphs_writing_a_non_static_input_stay_with_the_trees():

@@ -93,3 +93,36 @@ def test_a_graph_break_inside_layers_replays_each_layers_graph_and_loop_outputs_
         want = [model(x) for x in xs]
     assert "without CUDA graphs" not in caplog.text
     assert all(torch.allclose(g, w, atol=2e-2, rtol=2e-2) for g, w in zip(got, want))
+
+
+class _Counting(torch.nn.Module):
+    """A projection that also adds its output's column sums into a buffer, in place, every call."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 32)
+        self.register_buffer("seen", torch.zeros(32))
+
+    def forward(self, x):
+        y = self.lin(x)
+        self.seen.add_(y.sum(0))
+        return y
+
+
+def test_a_buffer_written_in_place_is_written_once_a_call_through_capture_and_replays(tmp_path):
+    import tritune
+
+    torch.manual_seed(0)
+    model = _Counting().cuda().half()
+    reference = _Counting().cuda().half()
+    reference.load_state_dict(model.state_dict())
+    xs = [torch.randn(16, 64, device="cuda", dtype=torch.float16) for _ in range(6)]
+    db = gpu_cases.store_defaults(tritune.extract_tasks(model, (xs[0],)), tmp_path / "t.db")
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=tritune.compiler(db, mode="reduce-overhead"), fullgraph=True)
+    with torch.no_grad():
+        for x in xs:  # warm-up calls, the capturing call, replays
+            compiled(x)
+            reference(x)
+        torch.cuda.synchronize()
+    assert torch.allclose(model.seen.float(), reference.seen.float(), rtol=1e-2, atol=0.1)

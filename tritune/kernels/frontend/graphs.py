@@ -85,8 +85,8 @@ class Capture:
 
 class GraphStep:
     """`fn` (Inductor's compiled graph, called as Dynamo calls a backend's result) replayed from a
-    CUDA graph captured at its third call, one per set of the static inputs' addresses (up to
-    MAX_CAPTURES)."""
+    CUDA graph captured at its third call (which returns its own run's outputs), one per set of
+    the static inputs' addresses (up to MAX_CAPTURES)."""
 
     def __init__(self, fn: Callable[..., Any], example_inputs: Sequence[Any]) -> None:
         self.fn = fn
@@ -104,9 +104,7 @@ class GraphStep:
             if self.calls < WARM_CALLS:
                 self.calls += 1
                 return self.fn(*args)
-            capture = self._capture(args)
-            if capture is None:
-                return self.fn(*args)
+            return self._capture(args)
         chosen = self._choose(capture)
         if chosen is None:
             return self.fn(*args)  # called again within one step while all its outputs are held
@@ -129,7 +127,7 @@ class GraphStep:
             if not chosen[1].held():
                 return chosen
         if len(capture.sets) == 1 and capture.small:
-            recorded = self._record(capture.inputs, warm=False)
+            recorded = self._record(capture.inputs)
             if isinstance(recorded, tuple):
                 capture.sets.append((recorded[0], Handout(recorded[1])))
                 return capture.sets[-1]
@@ -148,35 +146,41 @@ class GraphStep:
                 return self.last
         return self.captures.get(tuple(args[i].data_ptr() for i in self.static)) if len(self.captures) > 1 else None
 
-    def _capture(self, args: Sequence[Any]) -> Capture | None:
-        """Capture a call on the static inputs and copies of the others; None (logged, and the
-        graph runs without CUDA graphs from now on) where that cannot work."""
+    def _capture(self, args: Sequence[Any]) -> Any:
+        """This call's outputs, from a call on the static inputs and copies of the others (on a side
+        stream, as torch's capture wants: libraries set up per stream), then a CUDA graph of that
+        call captured for the next ones. Not replayed now: a graph that writes an input in place
+        (a buffer) would write it twice. Where a graph cannot be captured, the graph runs without
+        CUDA graphs from now on (logged)."""
         if len(self.captures) >= MAX_CAPTURES:
-            return self._give_up(f"it was called with more than {MAX_CAPTURES} sets of weights")
+            self._give_up(f"it was called with more than {MAX_CAPTURES} sets of weights")
+            return self.fn(*args)
         static = set(self.static)
         inputs = [a if i in static else a.clone() for i, a in enumerate(args)]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            outputs = self.fn(*inputs)
+        current = torch.cuda.current_stream()
+        current.wait_stream(side)
+        for o in outputs:
+            if isinstance(o, torch.Tensor) and o.is_cuda:
+                o.record_stream(current)  # made on the side stream, used on this one
         reserved = torch.cuda.memory_reserved()
         recorded = self._record(inputs)
         if not isinstance(recorded, tuple):
-            return self._give_up(recorded)
+            self._give_up(recorded)
+            return outputs
         small = torch.cuda.memory_reserved() - reserved <= SECOND_SET_MAX_BYTES
         addresses = [a.data_ptr() if i in static else None for i, a in enumerate(args)]
-        capture = Capture(inputs, addresses, [(recorded[0], Handout(recorded[1]))], small)
-        self.captures[tuple(addresses[i] for i in self.static)] = capture
-        return capture
+        self.last = Capture(inputs, addresses, [(recorded[0], Handout(recorded[1]))], small)
+        self.captures[tuple(addresses[i] for i in self.static)] = self.last
+        return outputs
 
-    def _record(self, inputs: list, warm: bool = True) -> tuple[Any, list] | str:
-        """A CUDA graph of a call on `inputs` (in memory of its own) and its outputs, or why not.
-        `warm`: a call on a side stream first, as torch's capture wants (libraries set up per stream;
-        a second graph of the same call needs none, and its inputs still hold the last call's)."""
+    def _record(self, inputs: list) -> tuple[Any, list] | str:
+        """A CUDA graph of a call on `inputs` (in memory of its own) and its outputs, or why not."""
         graph = torch.cuda.CUDAGraph()
         try:
-            if warm:
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    self.fn(*inputs)
-                torch.cuda.current_stream().wait_stream(side)
             with torch.cuda.graph(graph):
                 outputs = self.fn(*inputs)
         except Exception as exc:  # noqa: BLE001 - an op that cannot be captured: run without a graph
