@@ -16,12 +16,13 @@ CUDA graph instead, as serving engines capture theirs:
   next call (`y = model(x)` in a loop holds the last `y` while the next step runs; a graph called
   again within one step), a second CUDA graph of the same call, with outputs of its own, is
   captured once and the two take turns, so a loop's outputs stay valid one call longer and are
-  never rebuilt (graphs whose memory is small: a decode step's). Past that, the contract of
-  Inductor's CUDA-graph trees: outputs still held when the compiled model is next called (a new
-  step: Dynamo's count of calls, or `torch.compiler.cudagraph_mark_step_begin()`) raise on access
-  (`STALE`, naming the fix: clone what must outlive the next call), never read another step's
-  values; a graph called again within one step while all its outputs are held runs without a CUDA
-  graph. A torch that cannot make a storage raise (a CPU build) gets clones instead.
+  never rebuilt (graphs whose memory is small: a decode step's). Past that (both graphs' outputs
+  held, or a larger graph), the contract of Inductor's CUDA-graph trees: outputs of an earlier
+  call of the compiled model (a new step: Dynamo's count of calls, or
+  `torch.compiler.cudagraph_mark_step_begin()`) still held when a replay overwrites them raise on
+  access (`STALE`, naming the fix: clone what must outlive the next call), never read another
+  step's values; a graph called again within one step while all its outputs are held runs without
+  a CUDA graph. A torch that cannot make a storage raise (a CPU build) gets clones instead.
 
 A graph that writes one of its non-static inputs in place is not captured (the write would land
 in the graph's copy): the backend leaves it to the trees. A capture that fails (an op that syncs
@@ -147,25 +148,25 @@ class GraphStep:
         return self.captures.get(tuple(args[i].data_ptr() for i in self.static)) if len(self.captures) > 1 else None
 
     def _capture(self, args: Sequence[Any]) -> Any:
-        """This call's outputs, from a call on the static inputs and copies of the others (on a side
-        stream, as torch's capture wants: libraries set up per stream), then a CUDA graph of that
-        call captured for the next ones. Not replayed now: a graph that writes an input in place
-        (a buffer) would write it twice. Where a graph cannot be captured, the graph runs without
-        CUDA graphs from now on (logged)."""
+        """This call's outputs, from a call on a side stream (as torch's capture wants: libraries
+        set up per stream), then a CUDA graph of the call on the static inputs and copies of the
+        others, captured for the next calls. Not replayed now: a graph that writes an input in
+        place (a buffer) would write it twice. Where a graph cannot be captured, the graph runs
+        without CUDA graphs from now on (logged)."""
         if len(self.captures) >= MAX_CAPTURES:
             self._give_up(f"it was called with more than {MAX_CAPTURES} sets of weights")
             return self.fn(*args)
-        static = set(self.static)
-        inputs = [a if i in static else a.clone() for i, a in enumerate(args)]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            outputs = self.fn(*inputs)
+            outputs = self.fn(*args)
         current = torch.cuda.current_stream()
         current.wait_stream(side)
         for o in outputs:
             if isinstance(o, torch.Tensor) and o.is_cuda:
                 o.record_stream(current)  # made on the side stream, used on this one
+        static = set(self.static)
+        inputs = [a if i in static else a.clone() for i, a in enumerate(args)]
         reserved = torch.cuda.memory_reserved()
         recorded = self._record(inputs)
         if not isinstance(recorded, tuple):
