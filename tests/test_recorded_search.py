@@ -15,19 +15,21 @@ from tritune.tuner.recordings import BUNDLED, Recording, RecordedBuilder, Record
 from tritune.tuner.task import Task, best_of
 from tritune.tuner.tuner import Tuner
 
-LEGACY = Path(__file__).parent / "fixtures" / "spaces" / "legacy"
+SPACES = Path(__file__).parent / "fixtures" / "spaces"
+LEGACY = SPACES / "legacy"
 SEEDS = range(5)  # cold sa and random
 WARM_SEEDS = range(10)  # warm sa, as `tune-cli run` runs it: >= 0.98 of the best in >= 9 of 10
 BUDGET = 64
+GATED_BUDGET = 57  # what tune-model's default budget gives the zoo llama's gated pair at 16 rows
 
 
-def best_at_budget(recording, name, seed, tmp_path, prior=None):
+def best_at_budget(recording, name, seed, tmp_path, prior=None, budget=BUDGET):
     task = recording.task(DeviceKey("recorded", "9.0", "-", "-", "-"))
     strategy = make_strategy(name, task.space, seed=seed, features=task.featurize, prior=prior)
     runner = RecordedRunner(recording)
     db = Database(tmp_path / f"{name}-{seed}-{'warm' if prior else 'cold'}.db")
-    history = Tuner(task, strategy, RecordedBuilder(), runner, db, batch_size=8).run(BUDGET)
-    assert len(runner.measured) == BUDGET == len(set(runner.measured))
+    history = Tuner(task, strategy, RecordedBuilder(), runner, db, batch_size=8).run(budget)
+    assert len(runner.measured) == budget == len(set(runner.measured))
     return recording.best_ms / best_of(history).t_median
 
 
@@ -95,6 +97,19 @@ def test_warm_sa_keeps_its_quality_with_the_pipeline_two_gpus_and_a_32_process_p
     found, deepest = pipelined(tmp_path, TwoGPUs, 32)
     assert deepest == 2 * 128 // 8 + 8, deepest
     assert (found >= 0.98).sum() >= 9, found
+
+
+def test_cold_sa_on_the_normed_gated_decode_space_at_tune_models_budget(tmp_path):
+    """The whole space of a decode gate/up pair read through an RMSNorm (llama's 16x5632x2048; H100,
+    every one of its 3680 configs measured): 13 configs within 5% of the best, 6 within 2%. At the
+    57 trials tune-model's default budget gives it, cold sa (no gated measurements to learn from)
+    found >= 0.95 of the best in 8 of 10 seeds (0.906-0.998), random 0 of 10 (mean 0.868). A bar
+    for search changes at decode's budgets; live, one tune-model run found 0.83 of it."""
+    rec = Recording.load(SPACES / "gated_16x5632x2048_rmsnorm_fp16.jsonl.gz")
+    assert len(rec.task(DeviceKey("recorded", "9.0", "-", "-", "-")).space.valid_indices) == len(rec.rows)
+    sa = np.array([best_at_budget(rec, "sa", s, tmp_path, budget=GATED_BUDGET) for s in range(10)])
+    rnd = np.array([best_at_budget(rec, "random", s, tmp_path, budget=GATED_BUDGET) for s in range(10)])
+    assert (sa >= 0.95).sum() >= 8 and sa.mean() > rnd.mean(), (sa, rnd)
 
 
 @pytest.mark.xfail(strict=True, reason="plain-tiling odd space: its one config within 2% is not predictable")

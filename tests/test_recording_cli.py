@@ -70,10 +70,22 @@ def test_sample_refine_and_import(fake_gpu, tmp_path, capsys):
     assert len(trials) == 12 and sum(t.ok for t in trials) == ok
 
 
+def test_a_workload_spec_is_sampled_as_given(fake_gpu, tmp_path, capsys):
+    from tritune.kernels.gated.expr import Gated
+
+    spec = Gated(16, 256, 128, norm_eps=1e-6).to_dict()  # a row norm, which no --shape option expresses
+    out = tmp_path / "g.jsonl"
+    code, _, err = cli(capsys, "recording", "sample", "--workload", json.dumps(spec), "--n", "4", "--out", str(out))
+    meta, rows = read_lines(out)
+    assert code == 0 and meta["workload"] == spec and len(rows) == 4, err
+
+
 @pytest.mark.parametrize("args, needle", [
     (["sample", "--where", "BLOCK_M"], "bad --where 'BLOCK_M'"),
     (["sample", "--faults", "boom"], "bad --faults 'boom'"),
     (["sample", "--shape", "0"], "bad --shape"),
+    (["sample", "--workload", "{not json"], "bad --workload"),
+    (["sample", "--workload", '{"op": "gated", "m": 16}'], "bad --workload"),
     (["merge", "OUT"], "missing argument 'parts"),
 ])
 def test_bad_input_is_one_line_exit_2(capsys, tmp_path, args, needle):

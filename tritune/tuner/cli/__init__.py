@@ -389,6 +389,7 @@ def _timing_options(command: Any) -> Any:
 @click.option("--shape", default="4096", show_default=True, help="the workload's sizes, in the op's format (listed below)")
 @click.option("--dtype", default="fp16", show_default=True, help=f"one of {', '.join(DTYPES)}")
 @click.option("--n", "count", default=256, show_default=True, type=click.IntRange(1), help="configs to measure (all, if the space has fewer)")
+@click.option("--workload", default=None, help="a stored workload's JSON spec instead of --op/--shape/--dtype")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--where", default="", help="only configs with these knob values: KNOB=V,KNOB=V")
 @click.option("--faults", default="", help=f"give the first configs these faults, to check isolation: of {', '.join(FAULTS)}")
@@ -397,13 +398,14 @@ def _timing_options(command: Any) -> Any:
 @click.option("--refine", default=0, show_default=True, type=click.IntRange(0), help="re-time the N fastest configs ...")
 @click.option("--repeats", default=5, show_default=True, type=click.IntRange(1), help="... this many more times; keep the median")
 @click.option("--out", default=None, type=click.Path(dir_okay=False), callback=paths.output_file, help="the recording (.jsonl or .jsonl.gz) [default: report only]")
-def recording_sample(op, shape, dtype, count, seed, where, faults, timeout, warmup_ms, rep_ms, refine, repeats, out) -> None:
+def recording_sample(op, shape, dtype, count, workload, seed, where, faults, timeout, warmup_ms, rep_ms, refine, repeats,
+                     out) -> None:
     """Build and measure a seeded sample of a workload's space on this GPU (default timing 25 ms
     warm-up, 100 ms of repetitions); report how its times spread against torch."""
     from tritune.tuner.recordings import pipeline, write_lines
     from tritune.tuner.timing import COMPARE, Timing
 
-    expr = make_expr(op, shape, dtype)
+    expr = inputs.workload_expr(workload) if workload else make_expr(op, shape, dtype)
     injected = [f for f in faults.split(",") if f]
     if set(injected) - set(FAULTS):
         raise UsageError(f"bad --faults {faults!r}: comma-separated names of {', '.join(FAULTS)}")

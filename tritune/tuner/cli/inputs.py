@@ -2,12 +2,13 @@
 and exit code 2 (the paths are checked as click parses them: `cli.paths`)."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import click
 
 from tritune.kernels.expr import ExprError
-from tritune.kernels.family import family, ops, parse_expr
+from tritune.kernels.family import expr_from_dict, family, ops, parse_expr
 from tritune.search import REGISTRY
 
 EXIT_USAGE = 2
@@ -25,6 +26,19 @@ def make_expr(op: str, shape: str, dtype: str, **options: str | None) -> Any:
         return parse_expr(op, shape, dtype, **options)
     except (ExprError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+
+
+def workload_expr(text: str) -> Any:
+    """The expression of a stored workload's spec (JSON, as the database keeps it, e.g. one with a
+    row-norm prologue that no --shape option expresses), with what the user must fix as one line
+    and exit code 2."""
+    try:
+        spec = json.loads(text)
+        if not isinstance(spec, dict):
+            raise ValueError("not a JSON object")
+        return expr_from_dict(spec)
+    except (ExprError, ValueError) as exc:  # json's decode error is a ValueError
+        raise UsageError(f"bad --workload {text!r}: {exc}") from None
 
 
 def ops_help() -> str:
