@@ -36,7 +36,7 @@ import functools
 import logging
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 import torch.fx as fx
@@ -72,6 +72,13 @@ def capturable(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
     return not any(written(p, exact=True) for p, x in zip(placeholders, example_inputs) if not static_input(x))
 
 
+class Replayed(NamedTuple):
+    """One CUDA graph of a call and the handout of its outputs."""
+
+    graph: Any
+    handout: Handout
+
+
 @dataclass
 class Capture:
     """The CUDA graphs of a compiled graph on one set of weights: the inputs they read (the static
@@ -80,8 +87,8 @@ class Capture:
 
     inputs: list
     addresses: list[int | None]  # of each input at capture (None for the copied ones)
-    sets: list[tuple[Any, Handout]]  # (graph, its outputs' handout), the last replayed last
-    small: bool  # whether the first graph's memory leaves room for a second (SECOND_SET_MAX_BYTES)
+    sets: list[Replayed]  # the last replayed last
+    may_add: bool  # whether a second graph may be captured: the first one's memory is small, no try failed
 
 
 class GraphStep:
@@ -96,6 +103,7 @@ class GraphStep:
         self.calls, self.broken = 0, False
         self.captures: dict[tuple[int, ...], Capture] = {}  # by the static inputs' addresses
         self.last: Capture | None = None  # the capture replayed last
+        self.second_set_max_bytes = SECOND_SET_MAX_BYTES
 
     def __call__(self, *args: Any) -> Any:
         if self.broken:
@@ -112,29 +120,31 @@ class GraphStep:
         if chosen is not capture.sets[-1]:  # the sets in the order of their last replays
             capture.sets.remove(chosen)
             capture.sets.append(chosen)
-        graph, handout = chosen
         self.last = capture
         for i in self.copied:
             capture.inputs[i].copy_(args[i])
-        handout.retire()
-        graph.replay()
-        return handout.outputs()
+        chosen.graph.replay()
+        return chosen.handout.outputs()
 
-    def _choose(self, capture: Capture) -> tuple[Any, Handout] | None:
+    def _choose(self, capture: Capture) -> Replayed | None:
         """The graph to replay: one whose outputs nobody holds (handed out again as they are), else
         a second graph captured now (once, where memory allows), else the one replayed longest ago
-        whose held outputs are from an earlier call of the model (they will raise), else None."""
+        whose held outputs are from an earlier call of the model (retired here: they will raise),
+        else None."""
         for chosen in capture.sets:
-            if not chosen[1].held():
+            if not chosen.handout.held():
                 return chosen
-        if len(capture.sets) == 1 and capture.small:
+        if len(capture.sets) == 1 and capture.may_add:
             recorded = self._record(capture.inputs)
             if isinstance(recorded, tuple):
-                capture.sets.append((recorded[0], Handout(recorded[1])))
+                capture.sets.append(Replayed(recorded[0], Handout(recorded[1])))
                 return capture.sets[-1]
-            capture.small = False
+            capture.may_add = False
             log.warning("tritune: a second CUDA graph of a compiled graph was not captured: %s", recorded)
-        return next((c for c in capture.sets if c[1].may_overwrite()), None)
+        chosen = next((c for c in capture.sets if c.handout.may_overwrite()), None)
+        if chosen is not None:
+            chosen.handout.retire()
+        return chosen
 
     def _find(self, args: Sequence[Any]) -> Capture | None:
         """The capture that reads the static inputs where they are now: the last one replayed
@@ -172,9 +182,9 @@ class GraphStep:
         if not isinstance(recorded, tuple):
             self._give_up(recorded)
             return outputs
-        small = torch.cuda.memory_reserved() - reserved <= SECOND_SET_MAX_BYTES
+        small = torch.cuda.memory_reserved() - reserved <= self.second_set_max_bytes
         addresses = [a.data_ptr() if i in static else None for i, a in enumerate(args)]
-        self.last = Capture(inputs, addresses, [(recorded[0], Handout(recorded[1]))], small)
+        self.last = Capture(inputs, addresses, [Replayed(recorded[0], Handout(recorded[1]))], small)
         self.captures[tuple(addresses[i] for i in self.static)] = self.last
         return outputs
 
