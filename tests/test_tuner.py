@@ -96,6 +96,29 @@ def test_warm_start_collects_other_shapes_of_the_op_on_this_device(tmp_path):
     assert warm_start(db, Task(EXPR, elsewhere, TASK.limits)) is None
 
 
+def test_a_gated_search_with_no_gated_trials_learns_from_the_plain_gemms_lifted(tmp_path):
+    from tritune.kernels.gated.expr import ACTIVATIONS, Gated
+    from tritune.kernels.gated.features import FEATURE_NAMES as GATED_FEATURES
+    from tritune.tuner.prior import prior_for
+
+    db = Database(tmp_path / "t.db")
+    tune(db, 24)  # plain GEMM trials of EXPR on DEVICE
+    gated = Task(Gated(16, 1024, 512, "fp16", "gelu"), DEVICE, TASK.limits)
+    prior = prior_for(db, gated, "db")
+    assert prior.X.shape == (23, len(GATED_FEATURES)) and set(prior.groups.tolist()) == {0}
+    assert (prior.X[:, -3:] == [0, 0, ACTIVATIONS.index("gelu")]).all()  # one weight tile per MMA, no bias
+    assert prior_for(db, gated, "none") is None
+    # once another gated workload is measured, the search learns from it alone
+    other = Task(Gated(32, 1024, 512, "fp16", "gelu"), DEVICE, TASK.limits)
+    Tuner(other, make_strategy("random", other.space), FakeBuilder(), FakeRunner(), db, batch_size=8).run(16)
+    own = prior_for(db, gated, "db")
+    assert own.X.shape[0] < 16 and set(own.groups.tolist()) == {0}
+    # an op that names no other learns from nothing else
+    from tritune.kernels.rows.expr import Softmax
+
+    assert prior_for(db, Task(Softmax(64, 1024), DEVICE, TASK.limits), "db") is None
+
+
 def test_the_library_is_measured_first_stored_and_chosen_when_it_wins(tmp_path, monkeypatch):
     import fakes
     from tritune.schedules.config import Config

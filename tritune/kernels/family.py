@@ -100,6 +100,14 @@ class Family(ABC):
     def features(self, expr: Any, limits: Limits, configs: Sequence[Config]) -> np.ndarray:
         """Cost-model feature rows, one per config."""
 
+    # ops whose measurements warm-start this op's search where it has none of its own to learn
+    # from: their feature rows, lifted into this op's by `lift_prior`
+    prior_from: ClassVar[tuple[str, ...]] = ()
+
+    def lift_prior(self, expr: Any, rows: np.ndarray) -> np.ndarray:
+        """Feature rows of a `prior_from` op's configs as rows of this op's features for `expr`."""
+        raise NotImplementedError(f"{self.op} learns from no other op")
+
     @abstractmethod
     def default_config(self, expr: Any) -> Config:
         """A config that is valid for any expression of the op (replay's last resort)."""

@@ -1,6 +1,7 @@
 """The warm start of a tuning run's cost model: measurements of the op's other workloads, from the
 database (this GPU) and from the recordings shipped with tritune (this GPU generation); never the
-workload being tuned (tuning it must search, not look up)."""
+workload being tuned (tuning it must search, not look up). An op with none of its own learns from
+the ops its family names (`Family.prior_from`: a gated pair from plain GEMMs)."""
 from __future__ import annotations
 
 import importlib
@@ -24,13 +25,24 @@ def prior_for(db: Database, task: Task, which: str = "all") -> Prior | None:
         raise ValueError(f"prior must be one of {PRIORS}, got {which!r}")
     if which == "none":
         return None
-    return Prior.merge(database_prior(db, task), bundled_prior(task) if which == "all" else None)
+    own = Prior.merge(database_prior(db, task), bundled_prior(task) if which == "all" else None)
+    return own if own is not None else lifted_prior(db, task, which)
 
 
-def database_prior(db: Database, task: Task, min_trials: int = 8) -> Prior | None:
-    """Trials of the op's other workloads on this device, one group per workload (None if none)."""
+def lifted_prior(db: Database, task: Task, which: str = "all") -> Prior | None:
+    """The prior of the ops the task's family learns from (`Family.prior_from`), their rows lifted
+    into the task's features (None if it names none, or they have none)."""
+    parts = [Prior.merge(database_prior(db, task, op), bundled_prior(task, op) if which == "all" else None)
+             for op in task.family.prior_from]
+    return Prior.merge(*(Prior(task.family.lift_prior(task.expr, p.X), p.y, p.groups, p.compile_s)
+                         for p in parts if p is not None))
+
+
+def database_prior(db: Database, task: Task, op: str | None = None, min_trials: int = 8) -> Prior | None:
+    """Trials of the op's other workloads on this device (of `op`, else the task's), one group
+    per workload (None if none)."""
     parts = []
-    for key, _, _, spec in db.workloads(task.expr.op):
+    for key, _, _, spec in db.workloads(op or task.expr.op):
         results = db.trials(key, task.device) if key != task.expr.key else []
         if len(results) >= min_trials:
             parts.append(Prior.of(expr_from_dict(json.loads(spec)), task.limits, results))
@@ -55,9 +67,10 @@ def _bundled_sets() -> tuple[tuple[Any, str, Prior], ...]:
     return tuple(out)
 
 
-def bundled_prior(task: Task) -> Prior | None:
-    """The shipped recordings of the task's op on GPUs of its compute capability, one group per
-    workload, never the task's own. None where nothing matches (another op, or another GPU generation)."""
+def bundled_prior(task: Task, op: str | None = None) -> Prior | None:
+    """The shipped recordings of the op (`op`, else the task's) on GPUs of the task's compute
+    capability, one group per workload, never the task's own. None where nothing matches (another
+    op, or another GPU generation)."""
     return Prior.merge(*(prior for expr, capability, prior in _bundled_sets()
-                         if expr.op == task.expr.op and capability == task.device.capability
+                         if expr.op == (op or task.expr.op) and capability == task.device.capability
                          and expr.key != task.expr.key))

@@ -20,3 +20,10 @@ def features(expr: Gated, limits: Limits, configs: Sequence[Config]) -> np.ndarr
     base = contraction.features(expr.as_matmul(), limits, configs, b_tiles=2)
     extra = [[c["FUSE"], expr.bias, ACTIVATIONS.index(expr.activation)] for c in configs]
     return np.hstack([base, np.array(extra, dtype=np.float32).reshape(len(configs), len(EXTRA_FEATURES))])
+
+
+def lift(expr: Gated, rows: np.ndarray) -> np.ndarray:
+    """Contraction feature rows of plain GEMM configs as gated rows for `expr`: one product of
+    the pair, each weight tile its own MMA (FUSE 0), with the expression's bias and activation."""
+    extra = np.array([0, expr.bias, ACTIVATIONS.index(expr.activation)], dtype=np.float32)
+    return np.hstack([rows, np.tile(extra, (len(rows), 1))])
