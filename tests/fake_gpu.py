@@ -5,7 +5,7 @@ off the bus after N measurements (its worker dies and cannot start again); FAKE_
 device hang from its (N+1)th measurement on. Each measurement's start is logged ("workload config") to
 FAKE_GPU_LOG.started. FAKE_GPU_EARLY=1 has the driver tell the device's facts before the worker is up
 (=wrong: other facts than the worker's). FAKE_GPU_TOGETHER=DIR holds every device's first measurement
-until all FAKE_GPU_DEVICES workers are up (each marks DIR when it answers its handshake), so that a
+until all FAKE_GPU_DEVICES devices have been sent one (each marks DIR as its first comes), so that a
 device whose worker starts late still gets candidates to measure."""
 import os
 import time
@@ -25,18 +25,18 @@ def _info(payload: dict) -> dict:
     if device >= count or os.path.exists(_lost_mark(device)):
         raise RuntimeError(f"there is no CUDA device {device}")
     _state["device"] = device
-    together = os.environ.get("FAKE_GPU_TOGETHER")
-    if together:
-        open(os.path.join(together, f"up{device}"), "w").close()
     return {**INFO, "device": device, "device_count": count}
 
 
 def _wait_for_every_device() -> None:
-    """FAKE_GPU_TOGETHER: before the first measurement, wait (up to a minute) for every device's worker."""
+    """FAKE_GPU_TOGETHER: at the first measurement, wait (up to a minute) until every device has been
+    sent one. Waiting for every worker's start alone was not enough: on a loaded host the first
+    device measured all 24 candidates before the tuning process had read the second's handshake."""
     together = os.environ.get("FAKE_GPU_TOGETHER")
     if not together or _state.get("together"):
         return
-    marks = [os.path.join(together, f"up{d}") for d in range(int(os.environ.get("FAKE_GPU_DEVICES", "1")))]
+    open(os.path.join(together, f"first{_state['device']}"), "w").close()
+    marks = [os.path.join(together, f"first{d}") for d in range(int(os.environ.get("FAKE_GPU_DEVICES", "1")))]
     for _ in range(6000):
         if all(os.path.exists(m) for m in marks):
             break
