@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from cases import run_case
@@ -37,6 +38,27 @@ def test_examples_cover_every_dtype_and_round_trip(op):
         again = expr_from_dict(json.loads(expr.to_json()))
         assert again == expr and again.key == expr.key and family(op).from_dict(expr.to_dict()) == expr
     assert len({e.key for e in examples}) == len(examples)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_a_prior_lifted_from_another_op_has_this_ops_features(op):
+    """A family that learns from other ops (`prior_from`) lifts their feature rows to the width of
+    its own, for each of its examples; one that names none refuses to lift."""
+    from tritune.schedules.space import Limits
+
+    fam, limits = family(op), Limits.for_capability(9, 0)
+    if not fam.prior_from:
+        with pytest.raises(NotImplementedError):
+            fam.lift_prior(fam.examples()[0], None)
+        return
+    for source in fam.prior_from:
+        other = family(source).examples()[0]
+        configs = family(source).space(other, limits).sample(np.random.default_rng(0), 4)
+        rows = family(source).features(other, limits, configs)
+        for expr in fam.examples():
+            own = fam.features(expr, limits, fam.space(expr, limits).sample(np.random.default_rng(0), 2))
+            lifted = fam.lift_prior(expr, rows)
+            assert lifted.shape == (len(rows), own.shape[1]) and np.isfinite(lifted).all()
 
 
 @pytest.mark.parametrize("op", OPS)
