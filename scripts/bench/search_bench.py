@@ -2,7 +2,8 @@
 of the best config seen in the whole run and against torch.matmul; saves a convergence plot (PNG).
 
 Strategies: `sa` is warm-started as `tune-cli run` does it, by the measurements shipped with
-tritune for this GPU generation (never those of the workload searched; the database is fresh);
+tritune for this GPU generation (never those of the workload searched; the database is fresh; an
+op with none of its own, a gated pair, learns from the plain GEMMs' as `tuner.prior` lifts them);
 `sa/cold` is the same search with no prior.
 
 Live on a GPU (every trial really measured):
@@ -21,7 +22,7 @@ import numpy as np
 
 from tritune.records.database import Database
 from tritune.search import make_strategy, strategy_class
-from tritune.tuner.prior import bundled_prior
+from tritune.tuner.prior import prior_for
 from tritune.tuner.tuner import Tuner
 
 
@@ -48,8 +49,8 @@ def trajectory(task, builder, runner, spec: str, seed: int, budget: int) -> list
     """Best median time so far after each trial, for one strategy ('name' or 'name/cold') and seed
     (fresh database)."""
     name, _, mode = spec.partition("/")
-    prior = None if mode == "cold" else bundled_prior(task)
     with tempfile.TemporaryDirectory() as tmp:
+        prior = None if mode == "cold" else prior_for(Database(Path(tmp) / "b.db"), task)
         strategy = make_strategy(name, task.space, seed=seed, features=task.featurize, prior=prior)
         history = Tuner(task, strategy, builder, runner, Database(Path(tmp) / "b.db"), batch_size=8).run(budget)
     times = [r.t_median if r.ok else np.inf for r in history]
