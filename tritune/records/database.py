@@ -104,7 +104,7 @@ class Database:
             self._db.close()
             self._db = sqlite_utils.Database(sqlite3.connect(":memory:"))
         if not self.readonly:
-            self._db.enable_wal()
+            self._enable_wal()
         # WAL with NORMAL sync: a killed process loses no committed trial; only an OS crash or power
         # cut may lose the last few (never corrupting the file), and a commit costs no fsync
         self._db.execute("PRAGMA synchronous = NORMAL")
@@ -115,6 +115,21 @@ class Database:
                     self._db.conn.execute(statement)
         self._claims_ready = False
         self._measured_on_ready = False
+
+    def _enable_wal(self) -> None:
+        """WAL mode, waiting (up to BUSY_TIMEOUT_S) for other processes opening the same file at
+        once: switching the journal mode does not wait on SQLite's busy timeout, and of four
+        tuners started together on a new file, about one open in twelve failed "database is locked"."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                if self._db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                    self._db.enable_wal()
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
 
     def _check_pages(self) -> None:
         """Refuse a file with damaged pages that its header and schema do not show (SQLite's
