@@ -50,9 +50,10 @@ def trajectory(task, builder, runner, spec: str, seed: int, budget: int) -> list
     (fresh database)."""
     name, _, mode = spec.partition("/")
     with tempfile.TemporaryDirectory() as tmp:
-        prior = None if mode == "cold" else prior_for(Database(Path(tmp) / "b.db"), task)
+        db = Database(Path(tmp) / "b.db")
+        prior = None if mode == "cold" else prior_for(db, task)
         strategy = make_strategy(name, task.space, seed=seed, features=task.featurize, prior=prior)
-        history = Tuner(task, strategy, builder, runner, Database(Path(tmp) / "b.db"), batch_size=8).run(budget)
+        history = Tuner(task, strategy, builder, runner, db, batch_size=8).run(budget)
     times = [r.t_median if r.ok else np.inf for r in history]
     return np.minimum.accumulate(times).tolist()
 

@@ -123,8 +123,7 @@ class Database:
         deadline = time.monotonic() + BUSY_TIMEOUT_S
         while True:
             try:
-                if self._db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                    self._db.enable_wal()
+                self._db.enable_wal()  # a no-op where the file is WAL already
                 return
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) or time.monotonic() > deadline:
