@@ -108,7 +108,7 @@ def test_sites_that_launch_early_call_the_twin_only_in_one_cuda_graph(captured, 
     hits = [(s, tuned_op.spec_of(s.expr, tile.replace(FUSE=0) if s.expr.op == "gated" else tile))
             for s in graph.find(aten)]
     assert {s.expr.op for s, _ in hits} == {"gated", "matmul"}
-    rewrite(aten, hits, captured)
+    rewrite(aten, hits, captured, early=True)
     targets = {str(n.target) for n in aten.graph.nodes if str(n.target).startswith("tritune.")}
     assert targets == ({"tritune.gated_graphed.default", "tritune.matmul_graphed.default"} if twins
                        else {"tritune.gated.default", "tritune.matmul.default"})

@@ -153,7 +153,7 @@ class Backend:
         if self._slower_whole(signature, info, len(self.sites) - before):
             return self.fallback(gm, example_inputs)
         captured = self.plain is not None and capturable(aten, example_inputs)
-        rewrite(aten, hits, captured and self.early_launch)
+        rewrite(aten, hits, captured, self.early_launch)
         _keep_input_facts(gm, aten)
         with constants_traceable(example_inputs):
             if captured:
@@ -226,18 +226,20 @@ def _resolve(history: Any, site: Matched, info: dict) -> list[tuple[Matched, str
     return found
 
 
-def rewrite(gm: fx.GraphModule, hits: list[tuple[Matched, str]], captured: bool = False) -> None:
+def rewrite(gm: fx.GraphModule, hits: list[tuple[Matched, str]], captured: bool = False,
+            early: bool = False) -> None:
     """Replace each matched site (a contraction and its fused epilogue, a gated pair, or a wide
     group) by one call of its tuned op (its spec), as its kind rewrites it; outer products by
     broadcast multiplies (`outer`); and values computed from no input by constants (`constants`:
-    a decoder's causal mask). `captured`: the graph is replayed from one CUDA graph, where
-    sites that launch early (PDL) call their op's opaque twin (`tuned_op.SiteKind.op_for`)."""
+    a decoder's causal mask). `captured`: the graph is replayed from one CUDA graph, where split
+    sites, and sites that launch early (PDL) where `early` lets them, call their op's opaque twin
+    (`tuned_op.SiteKind.op_for`)."""
     from tritune.kernels.frontend import tuned_op  # its import needs a torch that defines triton ops
 
     edit = GraphEdit(gm.graph)
     for m, spec in hits:
         kind = tuned_op.kind_of(m)
-        kind.rewrite(edit, m, spec, kind.op_for(spec, captured))
+        kind.rewrite(edit, m, spec, kind.op_for(spec, captured, early))
     outer_products(gm)
     fold_constants(gm)
     gm.graph.eliminate_dead_code()

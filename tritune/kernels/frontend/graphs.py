@@ -43,6 +43,7 @@ import torch.fx as fx
 
 from tritune.errors import first_line
 from tritune.kernels.frontend.epilogue_match import written
+from tritune.kernels.frontend.sites import counters_counted, counters_from
 
 log = logging.getLogger("tritune.compiler")
 WARM_CALLS = 2  # calls run before the capture: Inductor's first calls may compile and autotune
@@ -73,10 +74,12 @@ def capturable(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
 
 
 class Replayed(NamedTuple):
-    """One CUDA graph of a call and the handout of its outputs."""
+    """One CUDA graph of a call, the handout of its outputs, and the split sites' arrival counters
+    it reads (zeroed once, before its capture: `sites.counters_from`)."""
 
     graph: Any
     handout: Handout
+    counters: tuple = ()
 
 
 @dataclass
@@ -104,6 +107,7 @@ class GraphStep:
         self.captures: dict[tuple[int, ...], Capture] = {}  # by the static inputs' addresses
         self.last: Capture | None = None  # the capture replayed last
         self.second_set_max_bytes = SECOND_SET_MAX_BYTES
+        self.counters_asked: list = []  # by split sites, at the capturing call's run (`sites.counters_counted`)
 
     def __call__(self, *args: Any) -> Any:
         if self.broken:
@@ -137,7 +141,7 @@ class GraphStep:
         if len(capture.sets) == 1 and capture.may_add:
             recorded = self._record(capture.inputs)
             if isinstance(recorded, tuple):
-                capture.sets.append(Replayed(recorded[0], Handout(recorded[1])))
+                capture.sets.append(Replayed(recorded[0], Handout(recorded[1]), recorded[2]))
                 return capture.sets[-1]
             capture.may_add = False
             log.warning("tritune: a second CUDA graph of a compiled graph was not captured: %s", recorded)
@@ -168,7 +172,7 @@ class GraphStep:
             return self.fn(*args)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(side), counters_counted() as self.counters_asked:
             outputs = self.fn(*args)
         current = torch.cuda.current_stream()
         current.wait_stream(side)
@@ -184,22 +188,23 @@ class GraphStep:
             return outputs
         small = torch.cuda.memory_reserved() - reserved <= self.second_set_max_bytes
         addresses = [a.data_ptr() if i in static else None for i, a in enumerate(args)]
-        self.last = Capture(inputs, addresses, [Replayed(recorded[0], Handout(recorded[1]))], small)
+        self.last = Capture(inputs, addresses, [Replayed(recorded[0], Handout(recorded[1]), recorded[2])], small)
         self.captures[tuple(addresses[i] for i in self.static)] = self.last
         return outputs
 
-    def _record(self, inputs: list) -> tuple[Any, list] | str:
-        """A CUDA graph of a call on `inputs` (in memory of its own) and its outputs, or why not."""
+    def _record(self, inputs: list) -> tuple[Any, list, tuple] | str:
+        """A CUDA graph of a call on `inputs` (in memory of its own), its outputs and the split
+        sites' arrival counters it reads (as the capturing call's run asked for them), or why not."""
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):
+            with counters_from(self.counters_asked) as counters, torch.cuda.graph(graph):
                 outputs = self.fn(*inputs)
         except Exception as exc:  # noqa: BLE001 - an op that cannot be captured: run without a graph
             return f"it could not be captured ({first_line(exc)})"
         owned = {x.untyped_storage().data_ptr() for x in inputs if isinstance(x, torch.Tensor)}
         if any(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in owned for o in outputs):
             return "an output is a view of an input"
-        return graph, outputs
+        return graph, outputs, counters
 
     def _give_up(self, why: str) -> None:
         # the captures stay: outputs a caller holds keep their memory

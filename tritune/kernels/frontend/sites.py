@@ -14,8 +14,10 @@ weight's pointer, would also make Inductor copy the weight on every call, taking
 from __future__ import annotations
 
 import logging
+from collections import deque
+from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterator
 
 import torch
 from torch.library import wrap_triton
@@ -40,6 +42,51 @@ log = logging.getLogger("tritune.compiler")
 _misfits: set[Any] = set()
 # set while a `_graphed` op runs: its sites launch with the programmatic-dependence attribute
 _launch_pdl: ContextVar[bool] = ContextVar("tritune_launch_pdl", default=False)
+# Split sites' arrival counters in a compiled graph replayed from a CUDA graph (`graphs.GraphStep`).
+# Zeroed inside the graph they would cost a kernel in every replay; the kernels leave them at 0, so
+# zeroing once is enough. They must lie outside the graph's own memory, whose blocks the graph's
+# other buffers reuse within a replay (a split kernel's fp32 partials freed before a later site's
+# counters were made would overwrite them): so a run of the graph outside the capture lists what
+# each site asks for (`counters_counted`), and the capture takes zeroed counters allocated before
+# it, in that order (`counters_from`). Set while either runs: the list, or the counters to hand out.
+_counter_plan: ContextVar[Any] = ContextVar("tritune_counter_plan", default=None)
+
+
+class _Asked(list):
+    """(device, count) of each split site's counters, in the order a run asked for them."""
+
+
+@contextmanager
+def counters_counted() -> Iterator[list]:
+    """While open, each split site's counters are listed as asked for, (device, count) in order."""
+    token = _counter_plan.set(_Asked())
+    try:
+        yield _counter_plan.get()
+    finally:
+        _counter_plan.reset(token)
+
+
+@contextmanager
+def counters_from(asked: list) -> Iterator[tuple]:
+    """Zeroed counters for each request `asked` lists, allocated now (before a capture: outside its
+    memory); while open, split sites take them in that order, a site that asks for other counters
+    than the next ones getting zeroed fresh ones. Yields them all (to keep as long as the graph)."""
+    made = tuple(torch.zeros(n, dtype=torch.int32, device=device) for device, n in asked)
+    token = _counter_plan.set(deque(made))
+    try:
+        yield made
+    finally:
+        _counter_plan.reset(token)
+
+
+def _counters(like: Any, n: int) -> Any:
+    """`n` int32 arrival counters at 0 on `like`'s device (see `_counter_plan`)."""
+    plan = _counter_plan.get()
+    if isinstance(plan, _Asked):
+        plan.append((like.device, n))
+    elif plan and plan[0].numel() == n and plan[0].device == like.device:
+        return plan.popleft()
+    return like.new_zeros(n, dtype=torch.int32)
 
 
 def _misfit(site: Any) -> None:
@@ -129,7 +176,7 @@ class Site(_Launched):
         # on every call of a compiled model)
         ws = locks = None
         if self.config.get("SPLIT_K", 1) > 1:
-            ws, locks = a.new_empty(self.ws, dtype=torch.float32), a.new_zeros(self.slots, dtype=torch.int32)
+            ws, locks = a.new_empty(self.ws, dtype=torch.float32), _counters(a, self.slots)
         ints = dict(zip(self.int_names, launch.ints_of(expr, a, b, out, bias, *inputs)))
         self.run(a, b, out, bias if expr.has_bias else None, ws, locks, *inputs, **ints)
         return out
@@ -156,9 +203,16 @@ class _OneKernel(_Launched):
         return not self.config.get("TMA", 0) or self.launch.tma_unfit(self.expr, problem) is None
 
     def scratch(self, like: Any, knob: str = "SPLIT_K") -> tuple[Any, Any]:
-        """The launch module's scratch for a config split by `knob`; None each unsplit (specialised
-        away: no allocation, no zeroing launch)."""
-        return self.launch.scratch(self.expr, self.config, like) if self.config.get(knob, 1) > 1 else (None, None)
+        """A config split by `knob`: the launch module's scratch, its fp32 partials and arrival
+        counters (where a CUDA graph's counters are planned, `_counter_plan`, sized on the meta
+        device and the counters from the plan); None each unsplit (specialised away: no
+        allocation, no zeroing launch)."""
+        if self.config.get(knob, 1) == 1:
+            return None, None
+        if _counter_plan.get() is None:
+            return self.launch.scratch(self.expr, self.config, like)
+        partials, counters = self.launch.scratch(self.expr, self.config, torch.empty(0, device="meta"))
+        return like.new_empty(partials.numel(), dtype=torch.float32), _counters(like, counters.numel())
 
 
 class GatedSite(_OneKernel):

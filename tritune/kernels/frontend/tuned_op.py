@@ -118,13 +118,20 @@ class SiteKind:
 
     @property
     def graphed_op(self) -> Any:
-        """Its opaque twin, which launches PDL configs with their launch attribute (`_graphed`)."""
+        """Its opaque twin, which launches PDL configs with their launch attribute (`_graphed`) and
+        runs its body when a CUDA graph is captured."""
         return getattr(torch.ops.tritune, f"{self.expr.op}_graphed").default
 
-    def op_for(self, spec: str, captured: bool) -> Any:
-        """The op a graph calls for a site: the twin where the graph is replayed from one CUDA graph
-        (`captured`) and the site's config launches early (PDL), else the traced op."""
-        return self.graphed_op if captured and json.loads(spec)["config"].get("PDL", 0) else self.op
+    def op_for(self, spec: str, captured: bool, early: bool = False) -> Any:
+        """The op a graph calls for a site. Where the graph is replayed from one CUDA graph
+        (`captured`): the twin for a config that launches early (PDL) where `early` lets it, and for
+        a split config (its arrival counters then zeroed once after the capture, not by a kernel in
+        every replay: `sites.unzeroed_counters`); else the traced op. A PDL config not let launch
+        early stays traced, split or not: the twin would launch it early."""
+        config = json.loads(spec)["config"]
+        split = config.get("SPLIT_K", 1) > 1 or config.get("SPLIT", 1) > 1
+        pdl = bool(config.get("PDL", 0))
+        return self.graphed_op if captured and (early if pdl else split) else self.op
 
 
 def _projections(m: Any) -> tuple:
