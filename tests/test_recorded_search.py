@@ -104,20 +104,22 @@ def test_cold_sa_on_the_normed_gated_decode_space_at_tune_models_budget(tmp_path
     """The whole space of a decode gate/up pair read through an RMSNorm (llama's 16x5632x2048; H100,
     every one of its 3680 configs measured): 13 configs within 5% of the best, 6 within 2%. At the
     57 trials tune-model's default budget gives it, cold sa (no gated measurements to learn from)
-    found >= 0.95 of the best in 8 of 10 seeds (0.906-0.998), random 0 of 10 (mean 0.868). A bar
-    for search changes at decode's budgets; live, one tune-model run found 0.83 of it."""
+    found 0.906-0.998 of the best (mean 0.967) before the space's weight-streaming seeds; with them,
+    0.973-1.0 (mean 0.997). The seeds' tiles were chosen with this recording and the q/k/v one
+    below in view; the skinny GEMM's test is their check on a space they were not chosen from."""
     rec = Recording.load(SPACES / "gated_16x5632x2048_rmsnorm_fp16.jsonl.gz")
     assert len(rec.task(DeviceKey("recorded", "9.0", "-", "-", "-")).space.valid_indices) == len(rec.rows)
     sa = np.array([best_at_budget(rec, "sa", s, tmp_path, budget=GATED_BUDGET) for s in range(10)])
     rnd = np.array([best_at_budget(rec, "random", s, tmp_path, budget=GATED_BUDGET) for s in range(10)])
-    assert (sa >= 0.95).sum() >= 8 and sa.mean() > rnd.mean(), (sa, rnd)
+    assert sa.mean() >= 0.99 and sa.min() >= 0.95 and sa.mean() > rnd.mean(), (sa, rnd)
 
 
 def test_sa_on_the_gated_decode_space_warm_started_by_the_plain_gemm_recordings(tmp_path):
     """With no gated measurements to learn from, a gated search learns from the plain GEMMs'
     (`Family.prior_from`): here the three shipped matmul recordings, lifted into gated features.
     On the recorded llama pair at tune-model's 57 trials, sa then found 0.972-1.0 of the best
-    (mean 0.990) where cold it found 0.906-0.998 (mean 0.967, the test above)."""
+    (mean 0.990) where cold it found 0.906-0.998 (mean 0.967), both before the space's seeds;
+    with them, 1.0 in every seed (cold: the test above)."""
     rec = Recording.load(SPACES / "gated_16x5632x2048_rmsnorm_fp16.jsonl.gz")
     task = rec.task(DeviceKey("recorded", rec.device["capability"], "-", "-", "-"))
     prior = prior_for(Database(tmp_path / "fresh.db"), task)
@@ -131,13 +133,23 @@ def test_cold_sa_on_the_normed_wide_decode_space_at_tune_models_budget(tmp_path)
     """The TMA-free half of a decode q/k/v space read through an RMSNorm (llama's 16x(2048+512+512)x2048;
     H100, all 2528 of its configs measured): one config stands out, 7.95 us (BLOCK_N 32, BLOCK_K
     256, 6 stages, 2 warps), the next 8.34 us. At the 38 trials tune-model gives it, cold sa found
-    0.805-0.924 of it (mean 0.875), random 0.727-0.875 (mean 0.820); at 100 trials sa still 0.913.
-    The plain GEMMs' recordings, lifted as they are for a gated search, did not help here (mean
-    0.872). A bar for search changes where decode's search is weakest."""
+    0.805-0.924 of it (mean 0.875; random 0.820) before the space's weight-streaming seeds; the
+    first seed is that config. In-sample: the seeds were chosen with this recording in view."""
     rec = Recording.load(SPACES / "wide_16x3072x2048_rmsnorm_fp16_tma0.jsonl.gz")
     sa = np.array([best_at_budget(rec, "sa", s, tmp_path, budget=WIDE_BUDGET) for s in range(10)])
     rnd = np.array([best_at_budget(rec, "random", s, tmp_path, budget=WIDE_BUDGET) for s in range(10)])
-    assert sa.mean() >= 0.86 and sa.mean() > rnd.mean() + 0.04, (sa, rnd)
+    assert sa.mean() >= 0.95 and sa.mean() > rnd.mean() + 0.04, (sa, rnd)
+
+
+def test_cold_sa_on_a_skinny_gemm_the_seeds_were_not_chosen_from(tmp_path):
+    """The shipped 16x4096x4096 recording (a sample of its space: its deepest weight-streaming
+    pipelines are 5 stages at BLOCK_K 256, and 2 at BLOCK_N 16), searched cold at decode's small
+    budgets. Before the space's weight-streaming seeds: 0.880 of the best at 24 trials (min
+    0.808), 0.963 at 38 (min 0.878); random 0.865 at 24. With them: 0.946 (min 0.913) and 0.994."""
+    rec = Recording.load(BUNDLED / "space_16x4096x4096_fp16.jsonl.gz")
+    found = {budget: np.array([best_at_budget(rec, "sa", s, tmp_path / str(budget), budget=budget) for s in range(10)])
+             for budget in (24, 38)}
+    assert found[24].mean() >= 0.93 and found[24].min() >= 0.9 and found[38].mean() >= 0.98, found
 
 
 @pytest.mark.xfail(strict=True, reason="plain-tiling odd space: its one config within 2% is not predictable")

@@ -3,6 +3,7 @@ split-K, TMA loads, the persistent loop and warp specialisation."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from tritune.schedules.config import Config
 from tritune.schedules.space import Knob, Limits, Space, reads
@@ -40,6 +41,16 @@ GEMV_COLUMNS = (2, 4, 8)
 GEMV_DEEPEST = 512  # a GEMV step may reach deeper along K than an MMA's (no shared-memory stages to fill)
 # The fp32 products of a GEMV step stay in registers until the loop ends: at most this many per thread.
 GEMV_MAX_REGS = 64
+# Weight streaming (decode: at most STREAM_MAX_ROWS rows against a whole weight, more than the
+# GEMV path's few, whose first round covers that path instead): the configs a model-based search
+# measures first (`stream_seeds`). Each MMA is a few rows deep, so compute hides
+# little of the loads and a kernel runs as fast as its SMs keep weight bytes in flight: two warps,
+# narrow tiles (programs for every SM), deep K steps and the deepest pipeline that fits. On the
+# recorded H100 spaces at 16 rows (llama's gated pair and q/k/v read through an RMSNorm, a plain
+# 16x4096x4096) the best configs are of this kind, and a cold search rarely meets its few of them
+# at decode's budgets: two warps, BLOCK_K >= 128 and five or six stages together.
+STREAM_MAX_ROWS = 64
+STREAM_TILES = ((32, 256), (32, 128), (16, 256), (16, 128))  # (BLOCK_N, BLOCK_K), each at its deepest pipeline
 WARPS = dict((k.name, k.values) for k in KNOBS)["num_warps"]
 MAX_BLOCK_K = max(dict((k.name, k.values) for k in KNOBS)["BLOCK_K"])
 # Splitting K pays only while the grid is short of this many waves; the next-smaller split must
@@ -144,9 +155,27 @@ def contraction_space(m: int, n: int, k: int, element_bytes: int, limits: Limits
         columns = (*GEMV_COLUMNS, *KNOBS[1].values) if k_last else KNOBS[1].values
         knobs = (GEMV, Knob("BLOCK_M", (rows, *KNOBS[0].values)), Knob("BLOCK_N", columns),
                  Knob("BLOCK_K", (*KNOBS[2].values, GEMV_DEEPEST)), *knobs[3:])
-    return Space(knobs, (p.gemv_tile, p.tile_fits, p.not_too_small, p.registers, p.k_step_too_small, p.not_redundant,
-                         p.split_k, p.tma(tma), p.shared, p.persistent, p.warp_spec, p.norm_prologue, p.one_wave,
-                         p.gemv_registers, p.gemv_only_tiles))
+    space = Space(knobs, (p.gemv_tile, p.tile_fits, p.not_too_small, p.registers, p.k_step_too_small, p.not_redundant,
+                          p.split_k, p.tma(tma), p.shared, p.persistent, p.warp_spec, p.norm_prologue, p.one_wave,
+                          p.gemv_registers, p.gemv_only_tiles))
+    return space.seeded(partial(stream_seeds, m=m))
+
+
+def stream_seeds(space: Space, m: int) -> tuple[Config, ...]:
+    """The weight-streaming configs of `space` for an M-row problem (none at GEMV_MAX_ROWS rows or
+    fewer, nor above STREAM_MAX_ROWS): per STREAM_TILES entry, the valid config with two warps,
+    one tile of rows, the deepest pipeline and every other knob off (first value, or 0 where it
+    has one)."""
+    if not GEMV_MAX_ROWS < m <= STREAM_MAX_ROWS:
+        return ()
+    off = {k.name: 0 if 0 in k.values else k.values[0] for k in space.knobs}
+    stages = sorted(next(k.values for k in space.knobs if k.name == "num_stages"), reverse=True)
+    seeds = []
+    for bn, bk in STREAM_TILES:
+        tried = (Config.of(off, BLOCK_M=max(16, _pow2_ceil(m)), BLOCK_N=bn, BLOCK_K=bk, num_warps=2, num_stages=s)
+                 for s in stages)
+        seeds += [c for c in tried if space.valid(c)][:1]
+    return tuple(seeds)
 
 
 def _acc_overflow(c: Config, warps: int, accumulators: int) -> str | None:

@@ -3,8 +3,10 @@ constraints with two weight tiles and two accumulators per step, and how the wei
 the MMA (FUSE)."""
 from __future__ import annotations
 
+from functools import partial
+
 from tritune.schedules.config import Config
-from tritune.schedules.contraction import contraction_space, shared_estimate, wgmma
+from tritune.schedules.contraction import contraction_space, shared_estimate, stream_seeds, wgmma
 from tritune.schedules.space import Knob, Limits, Space, reads
 
 # Knobs of the contraction space the gated template reads (and its split-K; no persistent loop
@@ -45,4 +47,5 @@ def gated_space(m: int, n: int, k: int, element_bytes: int, limits: Limits, tma:
         joined = 0 if wgmma(c) else 2 * c["BLOCK_N"] * c["BLOCK_K"] * element_bytes
         need = shared_estimate(c, element_bytes, 2) + joined
         return f"shared memory {need} > {limits.shared_bytes}" if need > limits.shared_bytes else None
-    return Space((*base.knobs, FUSE, TMA), (*base.constraints, fused))
+    space = Space((*base.knobs, FUSE, TMA), (*base.constraints, fused))
+    return space.seeded(partial(stream_seeds, m=m))

@@ -70,9 +70,11 @@ class Space:
     names a config whether or not it is valid; `valid_indices` lists those that pass.
     """
 
-    def __init__(self, knobs: Sequence[Knob], constraints: Sequence[Constraint] = ()) -> None:
+    def __init__(self, knobs: Sequence[Knob], constraints: Sequence[Constraint] = (),
+                 seeder: Callable[["Space"], Sequence[Config]] | None = None) -> None:
         self.knobs = tuple(knobs)
         self.constraints = tuple(constraints)
+        self.seeder = seeder  # the space's own guesses (`seeds`), found in the space it is given
         self._radix = [len(k.values) for k in self.knobs]
         self._memo: dict[tuple[int, int], np.ndarray] = {}  # (moved index, knob) -> nearest valid indices
         # config -> (index, value positions), and index -> config: annealing's chains revisit both
@@ -81,12 +83,22 @@ class Space:
 
     def without(self, names: Sequence[str]) -> "Space":
         """The subspace without some knobs (their configs lack them; kernels use the knobs' defaults)."""
-        return Space([k for k in self.knobs if k.name not in names], self.constraints)
+        return Space([k for k in self.knobs if k.name not in names], self.constraints, self.seeder)
+
+    def seeded(self, seeder: Callable[["Space"], Sequence[Config]]) -> "Space":
+        """The same space with its own guesses: `seeder(space)` gives valid configs of a space."""
+        return Space(self.knobs, self.constraints, seeder)
+
+    @cached_property
+    def seeds(self) -> tuple[Config, ...]:
+        """Configs a model-based search measures first (the space's own guesses), valid here."""
+        return tuple(c for c in self.seeder(self) if self.valid(c)) if self.seeder else ()
 
     def restricted(self, configs: Iterable[Config]) -> "Space":
         """The subspace of those valid configs that are in `configs` (e.g. a measured sample)."""
         allowed = frozenset(configs)
-        return Space(self.knobs, (*self.constraints, lambda c: None if c in allowed else "not in the subset"))
+        return Space(self.knobs, (*self.constraints, lambda c: None if c in allowed else "not in the subset"),
+                     self.seeder)
 
     @cached_property
     def size(self) -> int:

@@ -3,9 +3,10 @@ program per output tile of every weight), split-K and tensor-descriptor loads, s
 weight."""
 from __future__ import annotations
 
+from functools import partial
 from typing import Sequence
 
-from tritune.schedules.contraction import contraction_space
+from tritune.schedules.contraction import contraction_space, stream_seeds
 from tritune.schedules.gated import KEPT, TMA
 from tritune.schedules.space import Limits, Space
 
@@ -20,4 +21,5 @@ def wide_space(m: int, ns: Sequence[int], k: int, element_bytes: int, limits: Li
     `k_last`: the weights are stored [N, K], else [K, N]."""
     base = contraction_space(m, max(ns), k, element_bytes, limits, tma=int(tma), k_last=k_last)
     base = base.without([knob.name for knob in base.knobs if knob.name not in KEPT])
-    return Space((*base.knobs, TMA), base.constraints)
+    space = Space((*base.knobs, TMA), base.constraints)
+    return space.seeded(partial(stream_seeds, m=m))

@@ -23,6 +23,7 @@ class Strategy:
     """
 
     seeded = True  # False: the same proposals whatever the seed (one run says all)
+    guided = False  # True: the space's own guesses (`Space.seeds`) are measured first
 
     def __init__(self, space: Space, seed: int = 0, features: Featurize | None = None,
                  prior: Prior | None = None) -> None:
@@ -43,10 +44,15 @@ class Strategy:
         thread of its own while the caller prepares the rest; proposals are the same either way."""
 
     def propose(self, n: int) -> list[Config]:
-        """Up to n new valid configs; fewer (or none) only when the space is exhausted."""
-        configs = [c for c in self._propose(n) if c not in self.seen][:n]
+        """Up to n new valid configs; fewer (or none) only when the space is exhausted. A guided
+        strategy takes the space's unmeasured seeds first."""
+        seeds = [c for c in self.space.seeds if c not in self.seen] if self.guided else []
+        seeds = seeds[:n]
+        self.seen.update(seeds)
+        rest = n - len(seeds)
+        configs = [c for c in self._propose(rest) if c not in self.seen][:rest] if rest else []
         self.seen.update(configs)
-        return configs
+        return seeds + configs
 
     def update(self, results: Sequence[MeasureResult]) -> None:
         """Learn from measured (or failed) configs."""

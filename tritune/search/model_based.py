@@ -26,7 +26,10 @@ COMPILE_WEIGHT = 1.0
 
 
 class ModelBasedStrategy(Strategy):
-    """Measures `plan_size` configs per round; refits the model after each; ε of picks are random."""
+    """Measures `plan_size` configs per round; refits the model after each; ε of picks are random.
+    The space's own guesses (`Space.seeds`) go first."""
+
+    guided = True
 
     def __init__(self, *args: Any, model: Any = None, prior_model: Any = None, plan_size: int = 8,
                  eps: float = 0.1, min_train: int = 8, diversity: float = 0.3, candidates: int = 4,
