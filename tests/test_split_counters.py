@@ -7,26 +7,15 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from test_compiler import FAST, store, tuned_calls  # noqa: F401 - fixtures
 from test_graph_step import FakeGraph, Recorded, fake_cuda  # noqa: F401 - fixtures
+from test_pdl import _mlp_graph
 from tritune.kernels.frontend import graph, graphs, sites, tuned_op
 from tritune.kernels.frontend.compiler import rewrite
 from tritune.schedules.config import Config
 
 TILE = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=1, num_warps=4, num_stages=3, UNROLL=1)
-
-
-def _mlp_graph():
-    def mlp(x, wg, wu, wd):
-        return x + F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)
-
-    with FakeTensorMode() as mode:
-        shapes = ((16, 96), (160, 96), (160, 96), (96, 160))
-        args = [torch.empty(s, dtype=torch.float16, device="cuda") for s in shapes]
-    return graph.aten_graph(mlp, args, mode)
 
 
 @pytest.mark.parametrize("captured, knobs, early, twins", [
@@ -37,7 +26,7 @@ def _mlp_graph():
     (True, dict(SPLIT_K=2, PDL=1), True, True),
 ])
 def test_split_sites_call_the_twin_only_in_one_cuda_graph(captured, knobs, early, twins):
-    aten = _mlp_graph()
+    aten, _, _ = _mlp_graph()
     tile = Config.of(TILE, **knobs)
     hits = [(s, tuned_op.spec_of(s.expr, tile.replace(FUSE=0) if s.expr.op == "gated" else tile))
             for s in graph.find(aten)]
