@@ -43,12 +43,12 @@ GEMV_DEEPEST = 512  # a GEMV step may reach deeper along K than an MMA's (no sha
 GEMV_MAX_REGS = 64
 # Weight streaming (decode: at most STREAM_MAX_ROWS rows against a whole weight, more than the
 # GEMV path's few, whose first round covers that path instead): the configs a model-based search
-# measures first (`stream_seeds`). Each MMA is a few rows deep, so compute hides
-# little of the loads and a kernel runs as fast as its SMs keep weight bytes in flight: two warps,
-# narrow tiles (programs for every SM), deep K steps and the deepest pipeline that fits. On the
-# recorded H100 spaces at 16 rows (llama's gated pair and q/k/v read through an RMSNorm, a plain
-# 16x4096x4096) the best configs are of this kind, and a cold search rarely meets its few of them
-# at decode's budgets: two warps, BLOCK_K >= 128 and five or six stages together.
+# measures first (`stream_seeds`). Each MMA is a few rows deep, so compute hides little of the
+# loads and a kernel runs as fast as its SMs keep weight bytes in flight: two warps, narrow tiles
+# (programs for every SM), deep K steps and the deepest pipeline that fits. On the recorded H100
+# spaces at 16 rows (llama's gated pair and q/k/v read through an RMSNorm, a plain 16x4096x4096)
+# the best configs are of this kind, and a cold search rarely meets their few at decode's
+# budgets: two warps, BLOCK_K >= 128 and five or six stages together.
 STREAM_MAX_ROWS = 64
 STREAM_TILES = ((32, 256), (32, 128), (16, 256), (16, 128))  # (BLOCK_N, BLOCK_K), each at its deepest pipeline
 WARPS = dict((k.name, k.values) for k in KNOBS)["num_warps"]
@@ -155,10 +155,9 @@ def contraction_space(m: int, n: int, k: int, element_bytes: int, limits: Limits
         columns = (*GEMV_COLUMNS, *KNOBS[1].values) if k_last else KNOBS[1].values
         knobs = (GEMV, Knob("BLOCK_M", (rows, *KNOBS[0].values)), Knob("BLOCK_N", columns),
                  Knob("BLOCK_K", (*KNOBS[2].values, GEMV_DEEPEST)), *knobs[3:])
-    space = Space(knobs, (p.gemv_tile, p.tile_fits, p.not_too_small, p.registers, p.k_step_too_small, p.not_redundant,
-                          p.split_k, p.tma(tma), p.shared, p.persistent, p.warp_spec, p.norm_prologue, p.one_wave,
-                          p.gemv_registers, p.gemv_only_tiles))
-    return space.seeded(partial(stream_seeds, m=m))
+    return Space(knobs, (p.gemv_tile, p.tile_fits, p.not_too_small, p.registers, p.k_step_too_small, p.not_redundant,
+                         p.split_k, p.tma(tma), p.shared, p.persistent, p.warp_spec, p.norm_prologue, p.one_wave,
+                         p.gemv_registers, p.gemv_only_tiles), partial(stream_seeds, m=m))
 
 
 def stream_seeds(space: Space, m: int) -> tuple[Config, ...]:

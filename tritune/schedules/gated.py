@@ -47,5 +47,4 @@ def gated_space(m: int, n: int, k: int, element_bytes: int, limits: Limits, tma:
         joined = 0 if wgmma(c) else 2 * c["BLOCK_N"] * c["BLOCK_K"] * element_bytes
         need = shared_estimate(c, element_bytes, 2) + joined
         return f"shared memory {need} > {limits.shared_bytes}" if need > limits.shared_bytes else None
-    space = Space((*base.knobs, FUSE, TMA), (*base.constraints, fused))
-    return space.seeded(partial(stream_seeds, m=m))
+    return Space((*base.knobs, FUSE, TMA), (*base.constraints, fused), partial(stream_seeds, m=m))

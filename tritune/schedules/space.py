@@ -85,10 +85,6 @@ class Space:
         """The subspace without some knobs (their configs lack them; kernels use the knobs' defaults)."""
         return Space([k for k in self.knobs if k.name not in names], self.constraints, self.seeder)
 
-    def seeded(self, seeder: Callable[["Space"], Sequence[Config]]) -> "Space":
-        """The same space with its own guesses: `seeder(space)` gives valid configs of a space."""
-        return Space(self.knobs, self.constraints, seeder)
-
     @cached_property
     def seeds(self) -> tuple[Config, ...]:
         """Configs a model-based search measures first (the space's own guesses), valid here."""

@@ -21,5 +21,4 @@ def wide_space(m: int, ns: Sequence[int], k: int, element_bytes: int, limits: Li
     `k_last`: the weights are stored [N, K], else [K, N]."""
     base = contraction_space(m, max(ns), k, element_bytes, limits, tma=int(tma), k_last=k_last)
     base = base.without([knob.name for knob in base.knobs if knob.name not in KEPT])
-    space = Space((*base.knobs, TMA), base.constraints)
-    return space.seeded(partial(stream_seeds, m=m))
+    return Space((*base.knobs, TMA), base.constraints, partial(stream_seeds, m=m))

@@ -46,8 +46,7 @@ class Strategy:
     def propose(self, n: int) -> list[Config]:
         """Up to n new valid configs; fewer (or none) only when the space is exhausted. A guided
         strategy takes the space's unmeasured seeds first."""
-        seeds = [c for c in self.space.seeds if c not in self.seen] if self.guided else []
-        seeds = seeds[:n]
+        seeds = [c for c in self.space.seeds if c not in self.seen][:n] if self.guided else []
         self.seen.update(seeds)
         rest = n - len(seeds)
         configs = [c for c in self._propose(rest) if c not in self.seen][:rest] if rest else []

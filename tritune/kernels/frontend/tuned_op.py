@@ -125,8 +125,8 @@ class SiteKind:
     def op_for(self, spec: str, captured: bool, early: bool = False) -> Any:
         """The op a graph calls for a site. Where the graph is replayed from one CUDA graph
         (`captured`): the twin for a config that launches early (PDL) where `early` lets it, and for
-        a split config (its arrival counters then zeroed once after the capture, not by a kernel in
-        every replay: `sites.unzeroed_counters`); else the traced op. A PDL config not let launch
+        a split config (its arrival counters then zeroed once, before the capture, not by a kernel
+        in every replay: `sites.counters_from`); else the traced op. A PDL config not let launch
         early stays traced, split or not: the twin would launch it early."""
         config = json.loads(spec)["config"]
         split = config.get("SPLIT_K", 1) > 1 or config.get("SPLIT", 1) > 1
