@@ -74,7 +74,7 @@ class Space:
                  seeder: Callable[["Space"], Sequence[Config]] | None = None) -> None:
         self.knobs = tuple(knobs)
         self.constraints = tuple(constraints)
-        self.seeder = seeder  # the space's own guesses (`seeds`), found in the space it is given
+        self.seeder = seeder  # the space's own guesses (`seeds`): valid configs of the space it is given
         self._radix = [len(k.values) for k in self.knobs]
         self._memo: dict[tuple[int, int], np.ndarray] = {}  # (moved index, knob) -> nearest valid indices
         # config -> (index, value positions), and index -> config: annealing's chains revisit both
@@ -88,7 +88,7 @@ class Space:
     @cached_property
     def seeds(self) -> tuple[Config, ...]:
         """Configs a model-based search measures first (the space's own guesses), valid here."""
-        return tuple(c for c in self.seeder(self) if self.valid(c)) if self.seeder else ()
+        return tuple(self.seeder(self)) if self.seeder else ()
 
     def restricted(self, configs: Iterable[Config]) -> "Space":
         """The subspace of those valid configs that are in `configs` (e.g. a measured sample)."""

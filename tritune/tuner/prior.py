@@ -25,17 +25,21 @@ def prior_for(db: Database, task: Task, which: str = "all") -> Prior | None:
         raise ValueError(f"prior must be one of {PRIORS}, got {which!r}")
     if which == "none":
         return None
-    own = Prior.merge(database_prior(db, task), bundled_prior(task) if which == "all" else None)
+    own = _op_prior(db, task, task.expr.op, which)
     return own if own is not None else lifted_prior(db, task, which)
 
 
 def lifted_prior(db: Database, task: Task, which: str = "all") -> Prior | None:
     """The prior of the ops the task's family learns from (`Family.prior_from`), their rows lifted
     into the task's features (None if it names none, or they have none)."""
-    parts = [Prior.merge(database_prior(db, task, op), bundled_prior(task, op) if which == "all" else None)
-             for op in task.family.prior_from]
+    parts = [_op_prior(db, task, op, which) for op in task.family.prior_from]
     return Prior.merge(*(Prior(task.family.lift_prior(task.expr, p.X), p.y, p.groups, p.compile_s)
                          for p in parts if p is not None))
+
+
+def _op_prior(db: Database, task: Task, op: str, which: str) -> Prior | None:
+    """An op's database trials ("db"), plus its shipped recordings ("all"), as `task` sees them."""
+    return Prior.merge(database_prior(db, task, op), bundled_prior(task, op) if which == "all" else None)
 
 
 def database_prior(db: Database, task: Task, op: str | None = None, min_trials: int = 8) -> Prior | None:
