@@ -101,22 +101,48 @@ def test_a_gated_search_with_no_gated_trials_learns_from_the_plain_gemms_lifted(
     from tritune.kernels.gated.features import FEATURE_NAMES as GATED_FEATURES
     from tritune.tuner.prior import prior_for
 
+    from dataclasses import replace
+
+    from tritune.kernels.family import family
+
     db = Database(tmp_path / "t.db")
-    tune(db, 24)  # plain GEMM trials of EXPR on DEVICE
-    gated = Task(Gated(16, 1024, 512, "fp16", "gelu"), DEVICE, TASK.limits)
+    on = {op: replace(DEVICE, template=family(op).template_hash()) for op in ("matmul", "gated")}
+    plain = Task(EXPR, on["matmul"], TASK.limits)  # plain GEMM trials of EXPR, under the matmul template
+    Tuner(plain, make_strategy("random", plain.space), FakeBuilder(), FakeRunner(), db, batch_size=8).run(24)
+    gated = Task(Gated(16, 1024, 512, "fp16", "gelu"), on["gated"], TASK.limits)
     prior = prior_for(db, gated, "db")
     assert prior.X.shape == (23, len(GATED_FEATURES)) and set(prior.groups.tolist()) == {0}
     assert (prior.X[:, -3:] == [0, 0, ACTIVATIONS.index("gelu")]).all()  # one weight tile per MMA, no bias
     assert prior_for(db, gated, "none") is None
     # once another gated workload is measured, the search learns from it alone
-    other = Task(Gated(32, 1024, 512, "fp16", "gelu"), DEVICE, TASK.limits)
+    other = Task(Gated(32, 1024, 512, "fp16", "gelu"), on["gated"], TASK.limits)
     Tuner(other, make_strategy("random", other.space), FakeBuilder(), FakeRunner(), db, batch_size=8).run(16)
     own = prior_for(db, gated, "db")
     assert own.X.shape[0] < 16 and set(own.groups.tolist()) == {0}
     # an op that names no other learns from nothing else
     from tritune.kernels.rows.expr import Softmax
 
-    assert prior_for(db, Task(Softmax(64, 1024), DEVICE, TASK.limits), "db") is None
+    assert prior_for(db, Task(Softmax(64, 1024), replace(DEVICE, template=family("softmax").template_hash()), TASK.limits),
+                     "db") is None
+
+
+def test_the_plain_gemms_a_gated_search_learns_from_are_read_under_their_own_template(tmp_path):
+    """Each op's trials are stored under its template's hash (part of the device key): a gated
+    task's lift reads the plain GEMMs' trials under the matmul template, on the same GPU."""
+    from dataclasses import replace
+
+    from tritune.kernels.family import family
+    from tritune.kernels.gated.expr import Gated
+    from tritune.tuner.prior import prior_for
+
+    db = Database(tmp_path / "t.db")
+    on = {op: replace(DEVICE, template=family(op).template_hash()) for op in ("matmul", "gated")}
+    plain = Task(EXPR, on["matmul"], TASK.limits)
+    Tuner(plain, make_strategy("random", plain.space), FakeBuilder(), FakeRunner(), db, batch_size=8).run(16)
+    gated = Task(Gated(16, 1024, 512, "fp16", "gelu"), on["gated"], TASK.limits)
+    assert prior_for(db, gated, "db").X.shape[0] >= 8
+    elsewhere = Task(gated.expr, replace(on["gated"], gpu="Other GPU"), TASK.limits)
+    assert prior_for(db, elsewhere, "db") is None
 
 
 def test_the_library_is_measured_first_stored_and_chosen_when_it_wins(tmp_path, monkeypatch):

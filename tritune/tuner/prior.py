@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import importlib
 import json
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
 from tritune.cost_model.dataset import Prior
-from tritune.kernels.family import expr_from_dict
+from tritune.kernels.family import expr_from_dict, family
 from tritune.records.database import Database
 from tritune.tuner.recordings import BUNDLED, Recording
 from tritune.tuner.task import Task
@@ -43,11 +44,13 @@ def _op_prior(db: Database, task: Task, op: str, which: str) -> Prior | None:
 
 
 def database_prior(db: Database, task: Task, op: str | None = None, min_trials: int = 8) -> Prior | None:
-    """Trials of the op's other workloads on this device (of `op`, else the task's), one group
-    per workload (None if none)."""
+    """Trials of the op's other workloads on this device (of `op`, else the task's: stored under
+    that op's template, part of the device key), one group per workload (None if none)."""
+    op = op or task.expr.op
+    device = task.device if op == task.expr.op else replace(task.device, template=family(op).template_hash())
     parts = []
-    for key, _, _, spec in db.workloads(op or task.expr.op):
-        results = db.trials(key, task.device) if key != task.expr.key else []
+    for key, _, _, spec in db.workloads(op):
+        results = db.trials(key, device) if key != task.expr.key else []
         if len(results) >= min_trials:
             parts.append(Prior.of(expr_from_dict(json.loads(spec)), task.limits, results))
     return Prior.merge(*parts)
