@@ -43,8 +43,10 @@ def replay(expr, config):
         norm = None if getattr(expr, "norm_eps", None) is None else empty(expr.k)  # a row norm's weight
         if expr.op == "attention":
             mask = None if expr.mask is None else torch.empty(expr.mask_shape(), dtype=dtypes[expr.mask], device="cuda")
-            site(empty(expr.batch, expr.heads, expr.lq, expr.d), *[empty(expr.batch, expr.heads, expr.lk, expr.d)] * 2,
-                 mask)
+            tables = [empty(*expr.rope_shape(rows, lanes)) if lanes else None
+                      for rows, lanes in ((expr.lq, expr.rope_q), (expr.lk, expr.rope_k)) for _ in "cs"]
+            site(empty(expr.batch, expr.heads, expr.lq, expr.d), *[empty(expr.batch, expr.kv_heads, expr.lk, expr.d)] * 2,
+                 mask, *tables)
         elif expr.op == "wide":
             site(empty(expr.m, expr.k), [weight(n) for n in expr.ns], [empty(n) for n in expr.ns] if expr.bias else [],
                  norm)

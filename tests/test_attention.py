@@ -1,6 +1,7 @@
 """The attention family: few query rows against any number of keys, checked against float64 under
 the interpreter at awkward shapes in every path (MMA and broadcast products, key tails, padded head
-dims, masks broadcast over batch and heads, boolean and additive, causal, fully masked rows); a
+dims, masks broadcast over batch and heads, boolean and additive, causal, fully masked rows,
+grouped-query attention, rotary embeddings on q and k, whole and partial); a
 kernel without the online softmax's rescale is caught; the space prunes what cannot run well; every
 knob builds for sm_90."""
 import numpy as np
@@ -34,6 +35,11 @@ SHAPES = [
     Attention(2, 2, 3, 40, 32, "fp32", causal=True),
     Attention(2, 3, 2, 1, 64, out_order="bqhd"),  # one key, the output [B, Lq, H, D] in memory
     Attention(1, 2, 64, 100, 64, scale=0.1),  # the most rows a program holds
+    # grouped-query attention (k and v shared by `group` query heads), rotary embeddings on q and k
+    Attention(2, 8, 3, 37, 64, "fp32", mask="fp16", mask_dims="bhqk", group=4, rope_q=64, rope_k=64, rope_dims="bn"),
+    Attention(3, 6, 1, 21, 80, group=3, rope_q=20, rope_k=20),  # a NeoX-style partial rotation, D padded
+    Attention(2, 4, 2, 19, 32, "fp32", causal=True, group=2, rope_q=32, rope_dims="n"),  # q alone rotated
+    Attention(1, 16, 4, 30, 16, "fp32", group=16),  # the most rows: every head of the group
 ]
 
 

@@ -2,6 +2,7 @@
 where a kernel of few query rows does not compute it), extracted as tasks from the zoo's decoders at
 decode shape (none at prefill), and replayed by the backend on CPU (interpreter kernels) matching
 eager; a call whose operands were not tuned runs torch; the replayed kernel builds for sm_90."""
+import copy
 from collections import Counter
 
 import pytest
@@ -15,7 +16,7 @@ from test_codegen_sm90 import build_sm90
 
 from tritune.kernels.attention.expr import Attention
 from tritune.kernels.device import device_info
-from tritune.kernels.family import device_key
+from tritune.kernels.family import device_key, family
 from tritune.kernels.frontend import graph, sites, tuned_op
 from tritune.kernels.frontend.attention_match import AttentionMatch
 from tritune.kernels.frontend.compiler import rewrite
@@ -132,6 +133,8 @@ def test_zoo_decoders_have_two_attention_sites_at_decode_and_none_at_prefill(nam
     model = small(name)
     decode = [s for s in graph.find(graph.aten_graph(model, (torch.randn(16, 1, H),))) if isinstance(s, AttentionMatch)]
     assert len(decode) == 2 and all(s.expr.lk == 1 and s.expr.mask == "fp32" for s in decode)
+    if name == "llama":  # rotary embeddings on whole heads, four query heads per key/value head
+        assert all(s.expr.rope_q == s.expr.rope_k == 4 and s.expr.heads * s.expr.lq == 16 for s in decode)
     tasks = [t for t in tritune.extract_tasks(model, (torch.randn(16, 1, H),)) if t.expr.op == "attention"]
     assert [t.count for t in tasks] == [2] and tasks[0].expr.batch == 16
     assert not any(t.expr.op == "attention" for t in tritune.extract_tasks(model, (torch.randn(1, 80, H),)))
@@ -178,7 +181,7 @@ def test_the_backend_replays_attention_over_many_keys(tmp_path, attention_calls,
     backend = tritune.compiler(store(tmp_path / "t.db", tasks, MMA), fallback="eager")
     with torch.no_grad():
         y = torch.compile(model, backend=backend, fullgraph=True)(*args)
-        ref = model.double()(*(a.double() for a in args))
+        ref = copy.deepcopy(model).double()(*(a.double() for a in args))
     assert rel(y, ref) <= (2e-3 if dtype == torch.float16 else 1e-5) and len(attention_calls) == 1
 
 
@@ -199,10 +202,14 @@ def test_a_call_the_kernel_was_not_tuned_for_runs_torch_in_the_traced_layout(mon
 def test_the_replayed_kernel_builds_for_sm90():
     cases = [(Attention(16, 4, 4, 1, 128, mask="fp16", mask_dims="b"), CONFIG),
              (Attention(16, 16, 1, 1024, 128, "bf16", out_order="bqhd"), MMA.replace(BLOCK_N=64, num_stages=3)),
-             (Attention(1, 16, 4, 4096, 64, mask="bool", mask_dims="bqk"), MMA.replace(SPLIT=8))]
+             (Attention(1, 16, 4, 4096, 64, mask="bool", mask_dims="bqk"), MMA.replace(SPLIT=8)),
+             (Attention(16, 16, 1, 1, 128, mask="fp16", mask_dims="b", group=4, rope_q=128, rope_k=128), MMA),
+             (Attention(16, 16, 1, 1, 64, group=4, rope_q=16), MMA.replace(SPLIT=2))]
     results = build_sm90(cases, replay=True)
-    # no mask, no split: None for their pointers (specialised away, nothing passed per launch)
-    assert [r["nones"] for r in results] == [["WS", "LOCKS"], ["Mask", "WS", "LOCKS"], []]
+    # no mask, no table, no split: None for their pointers (specialised away, nothing passed per launch)
+    tables = ["CosQ", "SinQ", "CosK", "SinK"]
+    assert [r["nones"] for r in results] == [[*tables, "WS", "LOCKS"], ["Mask", *tables, "WS", "LOCKS"], tables,
+                                             ["WS", "LOCKS"], ["Mask", "CosK", "SinK"]]
 
 
 ROUTE = """
@@ -236,3 +243,100 @@ def test_a_compiled_graph_launches_the_attention_kernel_itself(tmp_path):
     # split over 4 programs a head: the grid's second axis, its scratch and zeroed counters
     assert "grid = [(64, 4, 1)]" in split and "tensors_to_clone = ['Out', 'WS', 'LOCKS']" in split
     assert "new_zeros" in split and "'SPLIT': 4" in split
+
+
+def rotate_half(x, sign=1):
+    half = x.shape[-1] // 2
+    first, second = x[..., :half], x[..., half:]
+    return torch.cat([-second, first], -1) if sign > 0 else torch.cat([second, -first], -1)
+
+
+class Grouped(nn.Module):
+    """Decode attention as Llama writes it for SDPA with a mask: q and k rotated (on `lanes` lanes,
+    NeoX-style when fewer than the head's), k and v repeated over `group` query heads each."""
+
+    def __init__(self, heads=8, group=4, d=16, lanes=16, sign=1):
+        super().__init__()
+        self.heads, self.group, self.d, self.lanes, self.sign = heads, group, d, lanes, sign
+        self.q = nn.Linear(64, heads * d)
+        self.kv = nn.Linear(64, 2 * heads // group * d)
+
+    def rotated(self, x, cos, sin):
+        part, rest = x[..., :self.lanes], x[..., self.lanes:]
+        part = part * cos + rotate_half(part, self.sign) * sin
+        return part if self.lanes == self.d else torch.cat([part, rest], -1)
+
+    def forward(self, x, cos, sin, mask):
+        b, t, _ = x.shape
+        q = self.q(x).view(b, t, self.heads, self.d).transpose(1, 2)
+        k, v = self.kv(x).view(b, t, 2 * self.heads // self.group, self.d).transpose(1, 2).chunk(2, 1)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        q, k = self.rotated(q, cos, sin), self.rotated(k, cos, sin)
+        k, v = (y[:, :, None].expand(b, y.shape[1], self.group, t, self.d).reshape(b, self.heads, t, self.d)
+                for y in (k, v))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, t, -1)
+
+
+def grouped_args(lanes=16, batch=3, tokens=2):
+    torch.manual_seed(1)
+    angles = torch.randn(batch, tokens, lanes)  # a position per sequence and token
+    return torch.randn(batch, tokens, 64), angles.cos(), angles.sin(), torch.randn(batch, 1, tokens, tokens)
+
+
+@pytest.mark.parametrize("lanes", [16, 4], ids=["whole heads", "a quarter of each head"])
+def test_rotary_embeddings_and_the_kv_repeat_run_in_the_attention_kernel(tmp_path, attention_calls, lanes):
+    model, args = Grouped(lanes=lanes).eval(), grouped_args(lanes)
+    gm = graph.aten_graph(model, args)
+    site, = [s for s in graph.find(gm) if isinstance(s, AttentionMatch)]
+    e = site.expr
+    assert (e.heads, e.group, e.lq, e.rope_q, e.rope_k, e.rope_dims) == (8, 4, 2, lanes, lanes, "bn")
+    rewrite(gm, [(site, tuned_op.spec_of(e, CONFIG))])
+    gm.graph.eliminate_dead_code()
+    left = Counter(str(n.target) for n in gm.graph.nodes)
+    assert not any(op in left for op in ("aten.neg.default", "aten.cat.default", "aten.expand.default"))
+    ref = copy.deepcopy(model).double()(*(a.double() for a in args))
+    assert rel(gm(*args), ref) <= 1e-5
+    tasks = [t.expr for t in tritune.extract_tasks(model.float(), args) if t.expr.op == "attention"]
+    backend = tritune.compiler(store(tmp_path / "t.db", tasks), fallback="eager")
+    attention_calls.clear()  # the rewritten graph's call above
+    with torch.no_grad():
+        y = torch.compile(model, backend=backend, fullgraph=True)(*args)
+    assert rel(y, ref) <= 1e-5 and len(attention_calls) == 1
+
+
+def test_what_is_not_a_rotation_or_a_repeat_stays_in_the_graph():
+    model, args = Grouped(sign=-1).eval(), grouped_args()  # halves swapped with the wrong sign: not rotary
+    site, = [s for s in graph.find(graph.aten_graph(model, args)) if isinstance(s, AttentionMatch)]
+    assert (site.expr.group, site.expr.rope_q, site.expr.rope_k) == (4, 0, 0)
+    gm = graph.aten_graph(model, args)
+    site, = [s for s in graph.find(gm) if isinstance(s, AttentionMatch)]
+    rewrite(gm, [(site, tuned_op.spec_of(site.expr, CONFIG))])
+    assert rel(gm(*args), copy.deepcopy(model).double()(*(a.double() for a in args))) <= 1e-5
+
+
+def test_torchs_own_grouped_query_attention_is_one_site():
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    torch.manual_seed(0)
+    args = (torch.randn(2, 6, 1, 16), torch.randn(2, 2, 9, 16), torch.randn(2, 2, 9, 16))
+    gm = graph.aten_graph(fn, args)
+    site, = [s for s in graph.find(gm) if isinstance(s, AttentionMatch)]
+    assert site.expr.group == 3 and site.expr.lq == 1
+    rewrite(gm, [(site, tuned_op.spec_of(site.expr, CONFIG))])
+    ref = fn(*(a.double() for a in args))
+    assert rel(gm(*args), ref) <= 1e-5
+
+
+def test_a_call_whose_tables_were_not_tuned_runs_torch(monkeypatch):
+    launched = []
+    original = sites.wrap_triton
+    monkeypatch.setattr(sites, "wrap_triton", lambda fn: launched.append(1) or original(fn))
+    expr = Attention(3, 8, 2, 2, 16, "fp32", group=4, rope_q=16, rope_k=16, rope_dims="bn")
+    spec, fam = tuned_op.spec_of(expr, CONFIG), family("attention")
+    args = fam.inputs(expr, 0, "cpu").args
+    q, k, v, out, mask, *tables = args
+    assert rel(tuned_op.ATTENTION_OP(q, k, v, mask, spec, *tables), fam.reference(expr, args)) <= 1e-5
+    per_head = [t.expand(3, 8, 2, 16).contiguous() for t in tables[:2]]  # q's tables varying by head
+    ref = fam.reference(expr, (q, k, v, out, mask, *per_head, *tables[2:]))
+    assert rel(tuned_op.ATTENTION_OP(q, k, v, mask, spec, *per_head, *tables[2:]), ref) <= 1e-5
+    assert launched == [1]

@@ -25,6 +25,11 @@ from tritune.tuner.worker.candidate import head_to_head, measure_candidate
 # over the zoo's one key and over caches; one long sequence; GPT-2 (hidden 1024) over a cache
 SHAPES = {
     "llama-k1": dict(batch=16, heads=4, lq=4, lk=1, d=128, mask="{dtype}", mask_dims="b"),
+    # as the backend's site reads it: 4 query heads a k/v head, q and k rotated in the kernel
+    "llama-k1-site": dict(batch=16, heads=16, lq=1, lk=1, d=128, mask="{dtype}", mask_dims="b", out_order="bqhd",
+                          group=4, rope_q=128, rope_k=128),
+    "llama-k1024-site": dict(batch=16, heads=16, lq=1, lk=1024, d=128, mask="{dtype}", mask_dims="bk", group=4,
+                             rope_q=128),
     "llama-k1024": dict(batch=16, heads=4, lq=4, lk=1024, d=128, mask="{dtype}", mask_dims="bk"),
     "llama-k4096": dict(batch=16, heads=4, lq=4, lk=4096, d=128, mask="{dtype}", mask_dims="bk"),
     "one-k4096": dict(batch=1, heads=32, lq=1, lk=4096, d=128),

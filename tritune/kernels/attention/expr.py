@@ -1,7 +1,9 @@
-"""Attention of a few query rows: out[b,h,i,:] = softmax_j(scale·q[b,h,i,:]·k[b,h,j,:] + mask[b,h,i,j])·v[b,h,j,:],
-as torch's scaled_dot_product_attention computes it, for q [B,H,Lq,D] and k, v [B,H,Lk,D] (fp32
-softmax whatever the storage type). Decode steps and speculative tokens have a few query rows per
-(batch, head) and any number of keys: the kernel streams k and v once, so it is rated in bytes."""
+"""Attention of a few query rows: out[b,h,i,:] = softmax_j(scale·q[b,h,i,:]·k[b,g,j,:] + mask[b,h,i,j])·v[b,g,j,:],
+as torch's scaled_dot_product_attention computes it, for q [B,H,Lq,D] and k, v [B,H/G,Lk,D] (g =
+h // G: G query heads share a key/value head, grouped-query attention; G = 1 without), with fp32
+softmax whatever the storage type, q and k optionally rotated first (rotary embeddings). Decode
+steps and speculative tokens have a few query rows per (batch, head) and any number of keys: the
+kernel streams k and v once, so it is rated in bytes."""
 from __future__ import annotations
 
 import math
@@ -14,6 +16,7 @@ MAX_ROWS = 64  # query rows per (batch, head): decode and speculative decoding; 
 MAX_HEAD_DIM = 256
 MASKS = ("bool", *DTYPES)  # a boolean mask (True: attend) or an additive one in a float dtype
 MASK_DIMS = "bhqk"  # the mask's dimensions: batch, head, query row, key
+ROPE_DIMS = "bn"  # the rotary tables' dimensions besides the lane: batch, position (the row's)
 OUT_DIMS = "bhqd"  # the output's: batch, head, query row, head dim
 
 
@@ -28,6 +31,11 @@ class Attention(Keyed):
     aligned top-left), never with a mask. A row whose every key is left out is 0, as torch's SDPA
     defines it. `out_order`: the output's dimensions (of "bhqd") from outermost to innermost in
     memory, as the op producing it lays it out.
+
+    `group`: query heads per key/value head (k and v have heads / group heads). `rope_q`, `rope_k`:
+    the lanes (even, at most d; 0: none) of each q / k row rotated by rotary embeddings before the
+    products, with cos and sin tables [.., rows, lanes] in the storage dtype that vary along
+    `rope_dims` (of "bn": batch, position) besides the lane, and are the same for every head.
     """
 
     batch: int
@@ -41,16 +49,25 @@ class Attention(Keyed):
     mask_dims: str = ""
     causal: bool = False
     out_order: str = OUT_DIMS
+    group: int = 1
+    rope_q: int = 0
+    rope_k: int = 0
+    rope_dims: str = ""
     op: ClassVar[str] = "attention"
 
     def __post_init__(self) -> None:
         check_fields(self, ("batch", "heads", "lq", "lk", "d"))
-        if self.lq > MAX_ROWS:
-            raise ExprError(f"lq must be at most {MAX_ROWS} query rows per head (prefill is torch's), got {self.lq}")
+        if isinstance(self.group, bool) or not isinstance(self.group, int) or self.group < 1 \
+                or self.heads % self.group:
+            raise ExprError(f"group must be a positive divisor of heads ({self.heads}), got {self.group!r}")
+        if self.lq * self.group > MAX_ROWS:
+            raise ExprError(f"lq x group must be at most {MAX_ROWS} query rows per key/value head (prefill is "
+                            f"torch's), got {self.lq} x {self.group}")
         if self.d > MAX_HEAD_DIM:
             raise ExprError(f"d must be at most {MAX_HEAD_DIM}, got {self.d}")
         self._check_scale()
         self._check_mask()
+        self._check_rope()
         if not isinstance(self.causal, bool) or (self.causal and self.mask is not None):
             raise ExprError(f"causal must be true or false, and false with a mask (torch's SDPA takes one or the "
                             f"other), got {self.causal!r} with mask {self.mask!r}")
@@ -80,6 +97,26 @@ class Attention(Keyed):
         sizes = dict(zip(MASK_DIMS, (self.batch, self.heads, self.lq, self.lk)))
         object.__setattr__(self, "mask_dims", "".join(c for c in dims if sizes[c] > 1))
 
+    def _check_rope(self) -> None:
+        for name in ("rope_q", "rope_k"):
+            lanes = getattr(self, name)
+            if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 0 or lanes % 2 or lanes > self.d:
+                raise ExprError(f"{name} must be an even number of lanes at most d ({self.d}), got {lanes!r}")
+        dims = self.rope_dims
+        if not isinstance(dims, str) or any(c not in ROPE_DIMS for c in dims) or list(dims) != sorted(
+                set(dims), key=ROPE_DIMS.index) or (dims and not (self.rope_q or self.rope_k)):
+            raise ExprError(f"rope_dims must be letters of {ROPE_DIMS!r} in that order, with rotary lanes, "
+                            f"got {dims!r}")
+
+    @property
+    def kv_heads(self) -> int:
+        """Heads of k and v."""
+        return self.heads // self.group
+
+    def rope_shape(self, rows: int, lanes: int) -> tuple[int, int, int, int]:
+        """A rotary table's 4-D shape (batch, head, row, lane) for `rows` rows of `lanes` lanes."""
+        return (self.batch if "b" in self.rope_dims else 1, 1, rows if "n" in self.rope_dims else 1, lanes)
+
     def mask_shape(self) -> tuple[int, int, int, int]:
         """The mask's 4-D shape: each dimension's size where it varies, else 1."""
         sizes = (self.batch, self.heads, self.lq, self.lk)
@@ -95,13 +132,16 @@ class Attention(Keyed):
         """Bytes a kernel must move at least: q, k, v and the mask read once, the output written."""
         eb = DTYPE_BYTES[self.dtype]
         mask = 0 if self.mask is None else math.prod(self.mask_shape()) * DTYPE_BYTES.get(self.mask, 1)
-        return self.batch * self.heads * (2 * self.lq + 2 * self.lk) * self.d * eb + mask
+        tables = 2 * eb * (math.prod(self.rope_shape(self.lq, self.rope_q)) * (self.rope_q > 0)
+                           + math.prod(self.rope_shape(self.lk, self.rope_k)) * (self.rope_k > 0))
+        return self.batch * (2 * self.heads * self.lq + 2 * self.kv_heads * self.lk) * self.d * eb + mask + tables
 
     def to_dict(self) -> dict:
         """Canonical dict form (the workload spec stored in the database)."""
         return {"op": self.op, "batch": self.batch, "heads": self.heads, "lq": self.lq, "lk": self.lk, "d": self.d,
                 "dtype": self.dtype, "scale": self.scale, "mask": self.mask, "mask_dims": self.mask_dims,
-                "causal": self.causal, "out_order": self.out_order}
+                "causal": self.causal, "out_order": self.out_order, "group": self.group, "rope_q": self.rope_q,
+                "rope_k": self.rope_k, "rope_dims": self.rope_dims}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Attention":
@@ -118,6 +158,9 @@ class Attention(Keyed):
         extra = "" if self.mask is None else f" mask {self.mask}[{self.mask_dims}]"
         extra += " causal" if self.causal else ""
         extra += "" if self.out_order == OUT_DIMS else f" out {self.out_order}"
+        extra += f" group {self.group}" if self.group > 1 else ""
+        extra += f" rope q{self.rope_q} k{self.rope_k}" + (f"[{self.rope_dims}]" if self.rope_dims else "") \
+            if self.rope_q or self.rope_k else ""
         return f"attention {self.batch}x{self.heads} q{self.lq} k{self.lk} d{self.d} {self.dtype}{extra}"
 
 
@@ -132,4 +175,10 @@ AWKWARD = (
     Attention(1, 3, 4, 70, 64, "fp32", scale=0.3, causal=True, out_order="bqhd"),
     Attention(2, 2, 3, 33, 80, "bf16", mask="bf16", mask_dims="bk"),
     Attention(4, 2, 1, 130, 128, "bf16", mask="bool", mask_dims="bk", out_order="bqhd"),
+    # grouped-query attention with rotary embeddings: whole heads, a NeoX-style partial rotation
+    # (a quarter of each head), tables per batch and position, a mask per query head
+    Attention(2, 8, 3, 37, 64, "fp32", mask="fp32", mask_dims="bhqk", group=4, rope_q=64, rope_k=64, rope_dims="bn"),
+    Attention(3, 6, 1, 21, 80, group=3, rope_q=20, rope_k=20),
+    Attention(2, 4, 2, 19, 32, causal=True, group=2, rope_q=32, rope_dims="n"),
+    Attention(2, 8, 1, 40, 128, "bf16", mask="bf16", mask_dims="bk", group=4, rope_q=128, rope_k=128),
 )

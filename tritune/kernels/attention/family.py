@@ -14,7 +14,8 @@ from tritune.schedules.space import Limits, Space
 
 
 class AttentionFamily(Family):
-    """out = softmax(scale·q·kᵀ [+ mask])·v, q [B,H,Lq,D] (Lq <= 64), k, v [B,H,Lk,D]; fp16/bf16/fp32."""
+    """out = softmax(scale·q·kᵀ [+ mask])·v, q [B,H,Lq,D] (Lq <= 64), k, v [B,H/G,Lk,D], q and k
+    optionally rotated (rotary embeddings); fp16/bf16/fp32."""
 
     op = "attention"
     baseline = "torch (F.scaled_dot_product_attention)"
@@ -46,9 +47,9 @@ class AttentionFamily(Family):
     def space(self, expr: Attention, limits: Limits) -> Space:
         from tritune.schedules.attention import attention_space
 
-        rows = (launch.block_m(expr.lq, 0), launch.block_m(expr.lq, 1))
-        return attention_space(expr.batch * expr.heads, rows, expr.lk, launch.block_d(expr.d), DTYPE_BYTES[expr.dtype],
-                               limits)
+        rows = (launch.block_m(expr.lq * expr.group, 0), launch.block_m(expr.lq * expr.group, 1))
+        return attention_space(expr.batch * expr.kv_heads, rows, expr.lk, launch.block_d(expr.d),
+                               DTYPE_BYTES[expr.dtype], limits)
 
     def features(self, expr: Attention, limits: Limits, configs: Sequence[Config]) -> np.ndarray:
         from tritune.kernels.attention.features import features
@@ -62,7 +63,9 @@ class AttentionFamily(Family):
     def inputs(self, expr: Attention, seed: int, device: str) -> Operands:
         """q, k, v ~ N(0, 1) (contiguous), a NaN output laid out in `out_order`, then the mask: an
         additive one N(0, 1) with a fifth of its entries -inf, or a boolean one four fifths True;
-        key 0 is never left out (torch's fused kernels differ on rows with no key at all)."""
+        key 0 is never left out (torch's fused kernels differ on rows with no key at all). With
+        rotary embeddings the mask (None without) is followed by cos and sin of random angles for
+        q, then for k (None for a side without)."""
         import torch
 
         gen = torch.Generator(device=device).manual_seed(seed)
@@ -71,23 +74,30 @@ class AttentionFamily(Family):
         def rand(*shape: int) -> torch.Tensor:
             return torch.randn(*shape, generator=gen, device=device)
 
-        b, h, lq, lk, d = expr.batch, expr.heads, expr.lq, expr.lk, expr.d
-        q, k, v = rand(b, h, lq, d).to(dt), rand(b, h, lk, d).to(dt), rand(b, h, lk, d).to(dt)
+        b, h, hk, lq, lk, d = expr.batch, expr.heads, expr.kv_heads, expr.lq, expr.lk, expr.d
+        q, k, v = rand(b, h, lq, d).to(dt), rand(b, hk, lk, d).to(dt), rand(b, hk, lk, d).to(dt)
         out = torch.full((b, h, lq, d), float("nan"), device=device, dtype=dt)
         out = out.as_strided(out.shape, launch.out_strides(expr))
-        if expr.mask is None:
-            return Operands((q, k, v, out), out)
-        shape = expr.mask_shape()
-        keep = torch.rand(shape, generator=gen, device=device) < 0.8
-        keep[..., 0] = True
-        mask = keep if expr.mask == "bool" else rand(*shape).masked_fill(~keep, float("-inf")).to(
-            torch_dtype(expr.mask))
-        return Operands((q, k, v, out, mask), out)
+        mask = None
+        if expr.mask is not None:
+            shape = expr.mask_shape()
+            keep = torch.rand(shape, generator=gen, device=device) < 0.8
+            keep[..., 0] = True
+            mask = keep if expr.mask == "bool" else rand(*shape).masked_fill(~keep, float("-inf")).to(
+                torch_dtype(expr.mask))
+        if not (expr.rope_q or expr.rope_k):
+            return Operands((q, k, v, out, *(() if mask is None else (mask,))), out)
+
+        def tables(rows: int, lanes: int) -> tuple:
+            angles = rand(*expr.rope_shape(rows, lanes)) * 3
+            return (angles.cos().to(dt), angles.sin().to(dt)) if lanes else (None, None)
+        return Operands((q, k, v, out, mask, *tables(lq, expr.rope_q), *tables(lk, expr.rope_k)), out)
 
     def reference(self, expr: Attention, args: tuple) -> Any:
         import torch
 
         q, k, v = (t.double() for t in args[:3])
+        q, k, v = _prepared(expr, q, k, v, *(None if t is None else t.double() for t in args[5:]))
         scores = q @ k.transpose(-1, -2) * expr.scale
         mask = _full_mask(expr, args[4] if len(args) > 4 else None, q.device)
         if mask is not None:
@@ -113,11 +123,35 @@ class AttentionFamily(Family):
         return TOLERANCE[expr.dtype]
 
 
-def sdpa(expr: Attention, q: Any, k: Any, v: Any, out: Any = None, mask: Any = None) -> Any:
-    """The expression as torch computes it: F.scaled_dot_product_attention (a fresh output)."""
+def sdpa(expr: Attention, q: Any, k: Any, v: Any, out: Any = None, mask: Any = None, *tables: Any) -> Any:
+    """The expression as torch computes it: q and k rotated and k and v repeated over their groups
+    as models write it, then F.scaled_dot_product_attention (a fresh output)."""
     import torch.nn.functional as F
 
+    q, k, v = _prepared(expr, q, k, v, *tables)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=expr.causal, scale=expr.scale)
+
+
+def rotated(x: Any, cos: Any, sin: Any, lanes: int) -> Any:
+    """Rotary embeddings on the first `lanes` lanes of x (as Llama and NeoX write them): x·cos +
+    rotate_half(x)·sin, rotate_half((x1, x2)) = (-x2, x1); the other lanes unchanged."""
+    import torch
+
+    if not lanes:
+        return x
+    part, rest = x[..., :lanes], x[..., lanes:]
+    half = lanes // 2
+    turned = torch.cat([-part[..., half:], part[..., :half]], -1)
+    return torch.cat([part * cos + turned * sin, rest], -1)
+
+
+def _prepared(expr: Attention, q: Any, k: Any, v: Any, cos_q: Any = None, sin_q: Any = None, cos_k: Any = None,
+              sin_k: Any = None) -> tuple:
+    """q and k rotated, k and v with one head per query head."""
+    q, k = rotated(q, cos_q, sin_q, expr.rope_q), rotated(k, cos_k, sin_k, expr.rope_k)
+    if expr.group > 1:
+        k, v = k.repeat_interleave(expr.group, 1), v.repeat_interleave(expr.group, 1)
+    return q, k, v
 
 
 def _full_mask(expr: Attention, mask: Any, device: Any) -> Any:

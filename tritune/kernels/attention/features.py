@@ -25,18 +25,19 @@ FEATURE_NAMES = tuple(f"log2_{k}" for k in KNOB_NAMES) + DERIVED
 def config_features(expr: Attention, limits: Limits, c: Config) -> list[float]:
     """One feature row (see FEATURE_NAMES)."""
     n, warps, dot, split = c["BLOCK_N"], c["num_warps"], c["DOT"], c.get("SPLIT", 1)
-    m, d, eb = block_m(expr.lq, dot), block_d(expr.d), DTYPE_BYTES[expr.dtype]
-    programs = expr.batch * expr.heads * split
+    rows = expr.lq * expr.group  # a program's query rows: every query head of its group
+    m, d, eb = block_m(rows, dot), block_d(expr.d), DTYPE_BYTES[expr.dtype]
+    programs = expr.batch * expr.kv_heads * split
     waves = programs / limits.sms
     trips = split_keys(expr.lk, n, split) // n  # key blocks of one program
     values = m * n * d if not dot else m * d + m * n + 2 * n * d
     return [
         *(math.log2(c.get(k, 1)) for k in KNOB_NAMES),
         dot, math.log2(programs), waves, waves / math.ceil(waves), math.log2(trips),
-        1 - expr.lq / m, 1 - expr.lk / (trips * n * split), 1 - expr.d / d,
+        1 - rows / m, 1 - expr.lk / (trips * n * split), 1 - expr.d / d,
         values / (32 * warps), math.log2(n * d * eb),
         math.log2(2 * expr.lk * expr.d * eb / split),  # k and v bytes one program streams
-        math.log2(expr.lq), math.log2(expr.lk), math.log2(expr.d), eb,
+        math.log2(rows), math.log2(expr.lk), math.log2(expr.d), eb,
         ["none", "bool", *DTYPE_BYTES].index(expr.mask or "none"), len(expr.mask_dims), expr.causal,
     ]
 

@@ -1,9 +1,11 @@
 """Specialise and launch a generated attention kernel (see contraction.launch for why a `Problem`
 holds the ints and pointer alignment a binary assumes).
 
-A launch takes (q, k, v, out[, mask]): q, out [B, H, Lq, D], k, v [B, H, Lk, D], any strides; the
-mask broadcastable to [B, H, Lq, Lk] (a dimension it does not vary along has stride 0). The kernel
-then takes a key split's scratch (`scratch`), which a launcher allocates once."""
+A launch takes (q, k, v, out[, mask[, cos_q, sin_q, cos_k, sin_k]]): q, out [B, H, Lq, D], k, v
+[B, H / group, Lk, D], any strides; the mask broadcastable to [B, H, Lq, Lk] (a dimension it does not
+vary along has stride 0); rotary tables broadcastable to [B, H, Lq, rope_q] (q's) and [B, H / group,
+Lk, rope_k] (k's), cos and sin of one side alike (None for a side without). The kernel then takes a
+key split's scratch (`scratch`), which a launcher allocates once."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,9 +25,9 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def block_m(lq: int, dot: int) -> int:
-    """Query rows of a program's tile: Lq padded to a power of two (to 16 for MMAs)."""
-    return max(MMA_ROWS if dot else 1, _pow2(lq))
+def block_m(rows: int, dot: int) -> int:
+    """Query rows of a program's tile (Lq x group): padded to a power of two (to 16 for MMAs)."""
+    return max(MMA_ROWS if dot else 1, _pow2(rows))
 
 
 def block_d(d: int) -> int:
@@ -58,7 +60,12 @@ def out_strides(expr: Attention) -> tuple[int, ...]:
 
 def _mask_strides(expr: Attention) -> tuple[int, int, int, int]:
     """A contiguous mask of `expr.mask_shape()`'s strides, 0 where it is broadcast."""
-    shape, strides, step = expr.mask_shape(), [0] * 4, 1
+    return _broadcast_strides(expr.mask_shape())
+
+
+def _broadcast_strides(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """A contiguous tensor's strides, 0 along every dimension of size 1."""
+    strides, step = [0] * 4, 1
     for i in reversed(range(4)):
         strides[i] = step if shape[i] > 1 else 0
         step *= shape[i]
@@ -67,42 +74,50 @@ def _mask_strides(expr: Attention) -> tuple[int, int, int, int]:
 
 def canonical_problem(expr: Attention) -> Problem:
     """The problem of the family's operands: contiguous q, k, v, the output in its order, the mask."""
-    h, lq, lk, d = expr.heads, expr.lq, expr.lk, expr.d
-    ints = (h, lq, lk, d, h * lq * d, lq * d, d, 1, h * lk * d, lk * d, d, 1, h * lk * d, lk * d, d, 1,
-            *out_strides(expr), *_mask_strides(expr))
+    h, hk, lq, lk, d = expr.heads, expr.kv_heads, expr.lq, expr.lk, expr.d
+    ints = (h, lq, lk, d, expr.group, h * lq * d, lq * d, d, 1, hk * lk * d, lk * d, d, 1, hk * lk * d, lk * d, d, 1,
+            *out_strides(expr), *_mask_strides(expr), *_broadcast_strides(expr.rope_shape(lq, expr.rope_q)),
+            *_broadcast_strides(expr.rope_shape(lk, expr.rope_k)))
     return Problem(ints, (True,) * len(template.POINTER_NAMES))
 
 
 def mask_strides(expr: Attention, mask: Any) -> tuple[int, int, int, int]:
-    """A mask tensor's strides as the kernel takes them: right-aligned to (b, h, q, k), 0 along
-    every dimension of size 1 (broadcast)."""
+    """A mask (or rotary table) tensor's strides as the kernel takes them: right-aligned to 4-D, 0
+    along every dimension of size 1 (broadcast)."""
     if mask is None:
         return (0, 0, 0, 0)
     shape, stride = (1,) * (4 - mask.dim()) + tuple(mask.shape), (0,) * (4 - mask.dim()) + tuple(mask.stride())
     return tuple(s if n > 1 else 0 for n, s in zip(shape, stride))
 
 
-def ints_of(expr: Attention, q: Any, k: Any, v: Any, out: Any, mask: Any = None) -> tuple[int, ...]:
-    """The kernel's integer arguments for 4-D q, k, v, out and a mask (real or fake tensors: only
-    strides are read)."""
-    return (expr.heads, expr.lq, expr.lk, expr.d, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-            *mask_strides(expr, mask))
+def ints_of(expr: Attention, q: Any, k: Any, v: Any, out: Any, mask: Any = None, cos_q: Any = None,
+            sin_q: Any = None, cos_k: Any = None, sin_k: Any = None) -> tuple[int, ...]:
+    """The kernel's integer arguments for 4-D q, k, v, out, a mask and the rotary tables (real or
+    fake tensors: only strides are read; a sine's strides are its cosine's)."""
+    return (expr.heads, expr.lq, expr.lk, expr.d, expr.group, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+            *mask_strides(expr, mask), *mask_strides(expr, cos_q), *mask_strides(expr, cos_k))
 
 
-def problem_of(expr: Attention, q: Any, k: Any, v: Any, out: Any, mask: Any = None) -> Problem:
+def pointers(q: Any, k: Any, v: Any, out: Any, mask: Any = None, *tables: Any) -> tuple:
+    """The kernel's pointer arguments: q stands in for an absent mask or table (never read)."""
+    tables = (*tables, *(None,) * (4 - len(tables)))
+    return (q, k, v, out, *(q if t is None else t for t in (mask, *tables)))
+
+
+def problem_of(expr: Attention, *args: Any) -> Problem:
     """The problem of concrete tensors (kernel argument order, see the module's docstring)."""
-    pointers = (q, k, v, out, q if mask is None else mask)
-    return Problem(ints_of(expr, q, k, v, out, mask), tuple(t.data_ptr() % 16 == 0 for t in pointers))
+    return Problem(ints_of(expr, *args), tuple(t.data_ptr() % 16 == 0 for t in pointers(*args)))
 
 
 def constexprs(expr: Attention, config: Config) -> dict[str, Any]:
     """Compile-time parameters of the template for one config."""
     block_n, bd = config["BLOCK_N"], block_d(expr.d)
     return {"SCALE": expr.scale, "MASK": 0 if expr.mask is None else 2 if expr.mask == "bool" else 1,
-            "CAUSAL": expr.causal, "BLOCK_M": block_m(expr.lq, config["DOT"]), "BLOCK_N": block_n, "BLOCK_D": bd,
+            "CAUSAL": expr.causal, "BLOCK_M": block_m(expr.lq * expr.group, config["DOT"]), "BLOCK_N": block_n,
+            "BLOCK_D": bd,
             "DOT": config["DOT"], "DOT_PRECISION": "ieee" if expr.dtype == "fp32" else "tf32",
             "SPLIT": config.get("SPLIT", 1),
-            "EVEN_N": expr.lk % block_n == 0, "EVEN_D": expr.d == bd}
+            "EVEN_N": expr.lk % block_n == 0, "EVEN_D": expr.d == bd, "ROPE_Q": expr.rope_q, "ROPE_K": expr.rope_k}
 
 
 class _Binary(Binary):
@@ -120,7 +135,7 @@ class _Binary(Binary):
 
 def binary(expr: Attention, config: Config, problem: Problem) -> Binary:
     """What the candidate's binary is built from, ints specialised as the other families do."""
-    dtypes = (expr.dtype,) * 4 + (expr.mask or expr.dtype,)
+    dtypes = (expr.dtype,) * 4 + (expr.mask or expr.dtype,) + (expr.dtype,) * 4
     pointers = tuple((n, t, a) for n, t, a in zip(template.POINTER_NAMES, dtypes, problem.aligned))
     pointers += (("WS", "fp32", True), ("LOCKS", "i32", True))
     ints = tuple((name, v, divisibility(v)) for name, v in zip(template.int_names(), problem.ints))
@@ -130,19 +145,19 @@ def binary(expr: Attention, config: Config, problem: Problem) -> Binary:
 
 
 def grid(expr: Attention, config: Config) -> tuple[int, int, int]:
-    """Launch grid: one program per (batch, head) and key split."""
-    return (expr.batch * expr.heads, config.get("SPLIT", 1), 1)
+    """Launch grid: one program per (batch, key/value head) and key split."""
+    return (expr.batch * expr.kv_heads, config.get("SPLIT", 1), 1)
 
 
 def scratch_sizes(expr: Attention, config: Config) -> tuple[int, int]:
     """A key split's scratch: fp32 elements of every split's partial accumulator, row maxima and
-    row sums, and one arrival counter per (batch, head) (int32, zero before the first launch; the
-    kernel re-arms them); (0, 0) unsplit."""
+    row sums, and one arrival counter per (batch, key/value head) (int32, zero before the first
+    launch; the kernel re-arms them); (0, 0) unsplit."""
     split = config.get("SPLIT", 1)
     if split == 1:
         return 0, 0
-    rows = block_m(expr.lq, config["DOT"])
-    heads = expr.batch * expr.heads
+    rows = block_m(expr.lq * expr.group, config["DOT"])
+    heads = expr.batch * expr.kv_heads
     return heads * split * rows * (block_d(expr.d) + 2), heads
 
 
@@ -155,13 +170,14 @@ def scratch(expr: Attention, config: Config, like: Any) -> tuple[Any, Any]:
 
 
 def launcher(expr: Attention, config: Config, problem: Problem, target: Any = None) -> Callable[..., None]:
-    """The candidate bound to one problem: call it with (q, k, v, out[, mask]) to launch once. A
-    split candidate owns its scratch: its launches must not overlap on different streams."""
+    """The candidate bound to one problem: call it with (q, k, v, out[, mask[, cos_q, sin_q, cos_k,
+    sin_k]]) to launch once. A split candidate owns its scratch: its launches must not overlap on
+    different streams."""
     launch = Launcher(binary(expr, config, problem), grid(expr, config), target)
     owned: list = []  # the key split's scratch, allocated at the first launch (on the operands' device)
 
-    def run(q: Any, k: Any, v: Any, out: Any, mask: Any = None) -> None:
+    def run(q: Any, k: Any, v: Any, out: Any, mask: Any = None, *tables: Any) -> None:
         if not owned:
             owned.extend(scratch(expr, config, q))
-        launch(q, k, v, out, q if mask is None else mask, *owned)  # q stands in for an absent mask (never read)
+        launch(*pointers(q, k, v, out, mask, *tables), *owned)
     return run

@@ -1,6 +1,7 @@
 """Triton source of the attention kernel, generated from an Attention expression.
 
-One program per (batch, head) holds all its query rows (at most 64) and walks the keys in blocks of
+One program per (batch, key/value head) holds all its query rows (at most 64, those of every query
+head of its group: one head without grouped-query attention) and walks the keys in blocks of
 BLOCK_N with an online softmax: a running row max m and sum l in fp32, the accumulator rescaled by
 exp(m_old - m_new) whenever a block raises the max. Scores go through exp2 (the scale folded with
 log2(e)). A row whose scores are all -inf so far keeps m at -inf; its exponents are taken against 0
@@ -9,6 +10,15 @@ Keys past Lk and head-dim lanes past D are masked (D padded to a power of two).
 
 DOT=1 computes both products with tl.dot (rows padded to 16, what an MMA needs); DOT=0 with
 broadcast multiplies and sums in fp32 (CUDA cores: one or a few rows waste no MMA rows).
+
+Grouped-query attention (GROUP query heads share one key/value head) runs one program per (batch,
+key/value head) over the query rows of all its query heads (tile row r: head r // Lq of the group,
+query row r % Lq): k and v are read once for the group, and no repeated copy of them is made.
+
+ROPE_Q / ROPE_K > 0 apply rotary embeddings to the first that many lanes of each q / k row as it is
+loaded (x·cos + rotate_half(x)·sin, rotate_half(x) = (-x2, x1) of the two halves of those lanes;
+the other lanes pass), the cos and sin tables read at the row's position: the pointwise kernel that
+rotates q and k before attention is not needed.
 
 SPLIT > 1 (flash-decoding) splits the keys of each (batch, head) over that many programs, so that
 few heads over many keys still fill the GPU: each parks its partial accumulator, max and sum in
@@ -22,10 +32,13 @@ from tritune.kernels.attention.expr import Attention
 from tritune.kernels.codegen import load_source
 
 KERNEL_NAME = "tritune_attention"
-POINTER_NAMES = ("Q", "K", "V", "Out", "Mask")  # then WS, LOCKS: a key split's scratch
-SIZE_NAMES = ("H", "LQ", "LK", "D")
-# q, k, v and out: batch, head, row, head dim; the mask: batch, head, query row, key
-STRIDE_NAMES = tuple(f"stride_{t}{dim}" for t in "qkvo" for dim in "bhnd") + tuple(f"stride_m{dim}" for dim in "bhqk")
+# then WS, LOCKS: a key split's scratch
+POINTER_NAMES = ("Q", "K", "V", "Out", "Mask", "CosQ", "SinQ", "CosK", "SinK")
+SIZE_NAMES = ("H", "LQ", "LK", "D", "GROUP")
+# q, k, v and out: batch, head, row, head dim; the mask: batch, head, query row, key; the rotary
+# tables of q and of k (cos and sin alike): batch, head, row, lane
+STRIDE_NAMES = tuple(f"stride_{t}{dim}" for t in "qkvo" for dim in "bhnd") + tuple(
+    f"stride_m{dim}" for dim in "bhqk") + tuple(f"stride_r{t}{dim}" for t in "qk" for dim in "bhnd")
 
 _SOURCE = '''\
 import triton
@@ -39,6 +52,21 @@ def _tile(ptrs, ok, EVEN: tl.constexpr):
     if EVEN:
         return tl.load(ptrs)
     return tl.load(ptrs, mask=ok, other=0.0)
+
+
+@triton.jit
+def _rotary(rows, x, cos, sin, cols, stride_d, stride_rd, ok, ROT: tl.constexpr):
+    # x's first ROT lanes rotated: x·cos + rotate_half(x)·sin, where rotate_half negates the second
+    # half and swaps the halves; `rows`, `cos`, `sin` point at each row's lane 0, `ok` masks the tile
+    half: tl.constexpr = ROT // 2
+    rot = cols < ROT
+    lanes = ok & rot[None, :]
+    partner = tl.load(rows + tl.where(cols < half, cols + half, cols - half)[None, :] * stride_d, mask=lanes,
+                      other=0.0).to(tl.float32)
+    c = tl.load(cos + cols[None, :] * stride_rd, mask=lanes, other=0.0).to(tl.float32)
+    s = tl.load(sin + cols[None, :] * stride_rd, mask=lanes, other=0.0).to(tl.float32)
+    turned = tl.where((cols < half)[None, :], -partner, partner)
+    return tl.where(rot[None, :], x.to(tl.float32) * c + turned * s, x.to(tl.float32)).to(x.dtype)
 
 
 @triton.jit
@@ -83,26 +111,34 @@ def _merge(acc, m_i, l_i, WS, LOCKS, slot, split, BLOCK_M: tl.constexpr, BLOCK_D
 
 @triton.jit
 def {name}(
-    Q, K, V, Out, Mask, WS, LOCKS,
+    Q, K, V, Out, Mask, CosQ, SinQ, CosK, SinK, WS, LOCKS,
     {sizes},
 {strides}
     SCALE: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
-    EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
+    EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, ROPE_Q: tl.constexpr, ROPE_K: tl.constexpr,
 ):
     # {description}
     pid = tl.program_id(0)
-    off_b = (pid // H).to(tl.int64)  # 64-bit batch offsets: B x H x L x D may pass 2**31 elements
-    off_h = pid % H
+    HK = H // GROUP  # key/value heads: one program each (and key split)
+    off_b = (pid // HK).to(tl.int64)  # 64-bit batch offsets: B x H x L x D may pass 2**31 elements
+    off_h = pid % HK
     rows = tl.arange(0, BLOCK_M)
+    q_h = off_h * GROUP + rows // LQ  # each tile row's query head and its row in that head
+    q_i = rows % LQ
     cols = tl.arange(0, BLOCK_D)
-    row_ok = rows < LQ
+    row_ok = rows < GROUP * LQ
     col_ok = cols < D
-    q = tl.load(Q + off_b * stride_qb + off_h * stride_qh + rows[:, None] * stride_qn + cols[None, :] * stride_qd,
-                mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+    q_ok = row_ok[:, None] & col_ok[None, :]
+    q_rows = Q + (off_b * stride_qb + q_h * stride_qh + q_i * stride_qn)[:, None]
+    q = tl.load(q_rows + cols[None, :] * stride_qd, mask=q_ok, other=0.0)
+    if ROPE_Q:
+        r_q = (off_b * stride_rqb + q_h * stride_rqh + q_i * stride_rqn)[:, None]
+        q = _rotary(q_rows, q, CosQ + r_q, SinQ + r_q, cols, stride_qd, stride_rqd, q_ok, ROPE_Q)
     if not DOT:
         q = q.to(tl.float32) * (SCALE * LOG2E)
-    k_base = K + off_b * stride_kb + off_h * stride_kh + cols[None, :] * stride_kd
+    k_rows = K + off_b * stride_kb + off_h * stride_kh
+    k_base = k_rows + cols[None, :] * stride_kd
     v_base = V + off_b * stride_vb + off_h * stride_vh + cols[None, :] * stride_vd
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -116,28 +152,33 @@ def {name}(
         keys = start + tl.arange(0, BLOCK_N)
         key_ok = keys < LK
         tile_ok = key_ok[:, None] & col_ok[None, :]
+        # every load of the block first: one round trip to memory, not one per use
         k = _tile(k_base + keys[:, None] * stride_kn, tile_ok, EVEN_N and EVEN_D)
+        v = _tile(v_base + keys[:, None] * stride_vn, tile_ok, EVEN_N and EVEN_D)
+        if MASK:  # (a launch without a mask passes None for it: no pointer arithmetic on it)
+            m_ptrs = (Mask + (off_b * stride_mb + q_h * stride_mh + q_i * stride_mq)[:, None]
+                      + keys[None, :] * stride_mk)
+            mk = tl.load(m_ptrs, mask=row_ok[:, None] & key_ok[None, :], other=0)
+        if ROPE_K:
+            r_k = (off_b * stride_rkb + off_h * stride_rkh + keys * stride_rkn)[:, None]
+            k = _rotary(k_rows + keys[:, None] * stride_kn, k, CosK + r_k, SinK + r_k, cols, stride_kd, stride_rkd,
+                        tile_ok, ROPE_K)
         if DOT:
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * (SCALE * LOG2E)
         else:
             s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], 2)
-        if MASK:  # (a launch without a mask passes None for it: no pointer arithmetic on it)
-            m_ptrs = (Mask + off_b * stride_mb + off_h * stride_mh + rows[:, None] * stride_mq
-                      + keys[None, :] * stride_mk)
-            m_ok = row_ok[:, None] & key_ok[None, :]
-            if MASK == 1:  # additive
-                s += tl.load(m_ptrs, mask=m_ok, other=0.0).to(tl.float32) * LOG2E
-            else:  # boolean: False leaves the key out
-                s = tl.where(tl.load(m_ptrs, mask=m_ok, other=0) != 0, s, float("-inf"))
+        if MASK == 1:  # additive
+            s += mk.to(tl.float32) * LOG2E
+        elif MASK == 2:  # boolean: False leaves the key out
+            s = tl.where(mk != 0, s, float("-inf"))
         if CAUSAL:
-            s = tl.where(keys[None, :] <= rows[:, None], s, float("-inf"))
+            s = tl.where(keys[None, :] <= q_i[:, None], s, float("-inf"))
         if not EVEN_N:
             s = tl.where(key_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha, m_safe = _rescale(m_i, m_new)
         p = tl.math.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _tile(v_base + keys[:, None] * stride_vn, tile_ok, EVEN_N and EVEN_D)
         if DOT:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         else:
@@ -148,8 +189,8 @@ def {name}(
         acc, l_i, last = _merge(acc, m_i, l_i, WS, LOCKS, pid, tl.program_id(1), BLOCK_M, BLOCK_D, SPLIT)
     if last:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # a fully masked row: 0
-        o_ptrs = Out + off_b * stride_ob + off_h * stride_oh + rows[:, None] * stride_on + cols[None, :] * stride_od
-        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+        o_ptrs = Out + (off_b * stride_ob + q_h * stride_oh + q_i * stride_on)[:, None] + cols[None, :] * stride_od
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=q_ok)
 '''
 
 

@@ -7,6 +7,10 @@ change only their other outputs (log-sum-exp, debug masks) are ignored, and any 
 must have its default. A node is a site when only its attention output is read, without dropout,
 with at most 64 query rows per (batch, head) (decode, speculative tokens: prefill stays torch's).
 
+A site reads q and k before rotary embeddings, and k and v before their repeat over a group of query
+heads, where the graph computes those as models write them (`rotary_match`): its kernel applies them.
+torch's own grouped-query attention (`enable_gqa`: k and v with fewer heads) is read as such.
+
 Where torch padded and sliced the mask to align its rows and expanded it to [B, H, Lq, Lk] for a
 fused kernel (copies of the mask on every call), the site reads the mask before those steps: the
 kernel broadcasts it itself.
@@ -25,6 +29,7 @@ from tritune.kernels.attention.launch import dense_strides
 from tritune.kernels.expr import ExprError
 from tritune.kernels.frontend.epilogue_match import static, val
 from tritune.kernels.frontend.helpers import DTYPE_NAMES
+from tritune.kernels.frontend.rotary_match import Rotary, repeated, rotary, same_for_rows, table_dims
 
 A = torch.ops.aten
 MASK_NAMES = ("attn_mask", "attn_bias")
@@ -35,9 +40,12 @@ KNOWN = ("query", "key", "value", *MASK_NAMES, "dropout_p", "is_causal", "scale"
 
 @dataclass(frozen=True)
 class AttentionMatch:
-    """One SDPA node computed by the attention kernel: its inputs, the mask as the kernel reads it
-    (None without one) and the nodes reading its attention output (`outputs`, getitem 0), which the
-    kernel's output replaces."""
+    """One SDPA node computed by the attention kernel: its inputs as the kernel reads them (q and k
+    before their rotation, k and v before their repeat), the mask as the kernel reads it (None
+    without one), the rotary tables (cos and sin of q, then of k; None for a side not rotated), the
+    shape q is viewed to (None: as it is; a rotation the same for every head and row commutes with
+    the view SDPA's input went through) and the nodes reading its attention output (`outputs`,
+    getitem 0), which the kernel's output replaces."""
 
     expr: Attention
     node: fx.Node
@@ -47,6 +55,8 @@ class AttentionMatch:
     mask: fx.Node | None
     outputs: tuple[fx.Node, ...]
     unfused: str = ""
+    tables: tuple[fx.Node | None, ...] = (None,) * 4
+    q_shape: tuple[int, ...] | None = None
 
 
 def find(calls: Sequence[fx.Node]) -> list[AttentionMatch]:
@@ -82,19 +92,80 @@ def _match(node: fx.Node) -> AttentionMatch | None:
     if any(args[name] not in (None, False, 0) for name in args if name not in KNOWN) or args["dropout_p"]:
         return None
     mask_node = next((args[n] for n in MASK_NAMES if args.get(n) is not None), None)
-    q, k, v, out = val(args["query"]), val(args["key"]), val(args["value"]), val(outputs[0])
-    if not static(q, k, v, out) or q.dim() != 4 or q.shape[:2] != k.shape[:2] or k.shape != v.shape:
-        return None  # grouped-query attention (enable_gqa) gives k, v fewer heads: not this kernel's
-    if q.shape[3] != k.shape[3] or len({q.dtype, k.dtype, v.dtype}) != 1 or str(q.dtype) not in DTYPE_NAMES:
-        return None
     mask = None if mask_node is None else mask_source(mask_node)
-    try:
-        expr = Attention(*q.shape[:3], k.shape[2], q.shape[3], DTYPE_NAMES[str(q.dtype)], args["scale"],
-                         **_mask_fields(mask, (*q.shape[:3], k.shape[2])), causal=bool(args["is_causal"]),
-                         out_order=out_order(out))
-    except (ExprError, ValueError):
-        return None  # too many rows (prefill), head dims past 256, a mask the kernel cannot read
-    return AttentionMatch(expr, node, args["query"], args["key"], args["value"], mask, outputs)
+    sdpa_q = val(args["query"])
+    for grouped in (True, False):  # k and v read before their repeat, else as SDPA reads them
+        k_node, v_node, group = _kv(args, grouped)
+        if k_node is None:
+            continue
+        k, v, out = val(k_node), val(v_node), val(outputs[0])
+        if not static(sdpa_q, k, v, out) or sdpa_q.dim() != 4 or k.shape != v.shape or k.dim() != 4:
+            return None
+        if sdpa_q.shape[0] != k.shape[0] or sdpa_q.shape[1] != k.shape[1] * group or sdpa_q.shape[3] != k.shape[3] \
+                or len({sdpa_q.dtype, k.dtype, v.dtype}) != 1 or str(sdpa_q.dtype) not in DTYPE_NAMES:
+            continue
+        q_rot, q_shape = _q_rotary(args["query"])
+        k_rot = rotary(k_node)
+        try:
+            expr = Attention(*sdpa_q.shape[:3], k.shape[2], sdpa_q.shape[3], DTYPE_NAMES[str(sdpa_q.dtype)],
+                             args["scale"], **_mask_fields(mask, (*sdpa_q.shape[:3], k.shape[2])),
+                             causal=bool(args["is_causal"]), out_order=out_order(out), group=group,
+                             **_rope_fields(q_rot, k_rot))
+        except (ExprError, ValueError):
+            continue  # too many rows (prefill), head dims past 256, a mask the kernel cannot read
+        tables = (*_tables(q_rot), *_tables(k_rot))
+        return AttentionMatch(expr, node, args["query"] if q_rot is None else q_rot.x, k_node if k_rot is None
+                              else k_rot.x, v_node, mask, outputs, tables=tables, q_shape=q_shape)
+    return None
+
+
+def _kv(args: dict[str, Any], grouped: bool) -> tuple[Any, Any, int]:
+    """k and v as a site reads them, and the query heads per key/value head: before a repeat over
+    the group as models write it (`grouped`; (None, None, 0) where there is none), else as SDPA
+    reads them (fewer heads in k and v than in q: torch's own grouping, `enable_gqa`)."""
+    k, v = args["key"], args["value"]
+    if grouped:
+        rk, rv = repeated(k), repeated(v)
+        if rk is None or rv is None or rk[1] != rv[1]:
+            return None, None, 0
+        return rk[0], rv[0], rk[1]
+    q, kv = val(args["query"]), val(k)
+    gqa = static(q, kv) and q.dim() == kv.dim() == 4 and kv.shape[1] and q.shape[1] % kv.shape[1] == 0
+    return k, v, q.shape[1] // kv.shape[1] if gqa else 1
+
+
+def _q_rotary(q: fx.Node) -> tuple[Rotary | None, tuple[int, ...] | None]:
+    """q's rotation, and the shape the site views its input to where SDPA reads a view of it."""
+    r = rotary(q)
+    if r is not None:
+        return r, None
+    if isinstance(q, fx.Node) and q.op == "call_function" and q.target in (A.view.default, A._unsafe_view.default,
+                                                                          A.reshape.default):
+        r = rotary(q.args[0])
+        if r is not None and same_for_rows(r) and r.lanes == val(r.x).shape[-1] == val(q).shape[-1]:
+            return r, tuple(val(q).shape)
+    return None, None
+
+
+def _rope_fields(q: Rotary | None, k: Rotary | None) -> dict[str, Any]:
+    lanes = {"rope_q": q.lanes if q else 0, "rope_k": k.lanes if k else 0}
+    return {**lanes, "rope_dims": table_dims(*_tables(q), *_tables(k))}
+
+
+def _tables(r: Rotary | None) -> tuple:
+    return (None, None) if r is None else (r.cos, r.sin)
+
+
+def rope_fits(expr: Attention, lanes: int, rows: int, cos: Any, sin: Any) -> bool:
+    """Whether a call's rotary tables for `rows` rows suit a kernel rotating `lanes` lanes: none
+    without a rotation, else cos and sin alike in the tuned dtype, [B or 1, 1, rows or 1, lanes]."""
+    if not lanes:
+        return cos is None and sin is None
+    if cos is None or sin is None or cos.shape != sin.shape or cos.stride() != sin.stride() or cos.dim() > 4:
+        return False
+    shape = (1,) * (4 - cos.dim()) + tuple(cos.shape)
+    return all(DTYPE_NAMES.get(str(t.dtype)) == expr.dtype for t in (cos, sin)) and shape[0] in (1, expr.batch) \
+        and shape[1] == 1 and shape[2] in (1, rows) and shape[3] == lanes
 
 
 def _mask_fields(mask: fx.Node | None, sizes: tuple[int, ...]) -> dict[str, Any]:

@@ -95,12 +95,15 @@ def wide(edit: GraphEdit, m: graph.WideMatch, spec: str, op: Any) -> None:
 
 
 def attention(edit: GraphEdit, m: graph.AttentionMatch, spec: str, op: Any) -> None:
-    """op(q, k, v, mask, spec) where the SDPA node was, its output replacing every read of the
+    """op(q, k, v, mask, spec[, cos_q, sin_q, cos_k, sin_k]) where the SDPA node was (q and k read
+    before their rotation, k and v before their repeat), its output replacing every read of the
     node's attention output. The node goes too: dead-code elimination keeps the SDPA ops that may
     draw random numbers for dropout (the mask's broadcast copies it leaves to it)."""
     g, get = edit.graph, edit.get
     with g.inserting_before(m.node):
-        call = g.call_function(op, (get(m.q), get(m.k), get(m.v), None if m.mask is None else get(m.mask), spec))
+        q = get(m.q) if m.q_shape is None else edit.shaped(get(m.q), graph.val(m.q), list(m.q_shape))
+        tables = tuple(None if t is None else get(t) for t in m.tables) if any(m.tables) else ()
+        call = g.call_function(op, (q, get(m.k), get(m.v), None if m.mask is None else get(m.mask), spec, *tables))
     call.meta["val"] = graph.val(m.outputs[0])
     for out in m.outputs:
         out.replace_all_uses_with(call)

@@ -293,23 +293,30 @@ class AttentionSite(_OneKernel):
         out = q.new_empty([sizes[c] for c in e.out_order])
         return out if e.out_order == "bhqd" else out.permute([e.out_order.index(c) for c in "bhqd"])
 
-    def __call__(self, q: Any, k: Any, v: Any, mask: Any) -> Any:
+    def __call__(self, q: Any, k: Any, v: Any, mask: Any, *tables: Any) -> Any:
         expr, out = self.expr, self.empty_out(q)
-        if not self.fits(q, k, v, mask):
+        tables = (*tables, *(None,) * (4 - len(tables)))  # cos and sin of q, then of k
+        if not self.fits(q, k, v, mask, *tables):
             _misfit(self)
-            return out.copy_(sdpa(expr, q, k, v, None, mask))  # the layout the graph was traced with
-        ints = dict(zip(attention_launch.template.int_names(), attention_launch.ints_of(expr, q, k, v, out, mask)))
-        self.run(q, k, v, out, mask, *self.scratch(q, "SPLIT"), **ints)
+            return out.copy_(sdpa(expr, q, k, v, None, mask, *tables))  # the layout the graph was traced with
+        ints = attention_launch.ints_of(expr, q, k, v, out, mask, *tables)
+        # None for an absent mask or table: specialised away, nothing passed per launch
+        self.run(q, k, v, out, mask, *tables, *self.scratch(q, "SPLIT"),
+                 **dict(zip(attention_launch.template.int_names(), ints)))
         return out
 
-    def fits(self, q: Any, k: Any, v: Any, mask: Any) -> bool:
-        """Whether q, k, v have the tuned shapes and dtype, and the mask (or its absence) the tuned
-        kind and broadcast pattern, all aligned."""
+    def fits(self, q: Any, k: Any, v: Any, mask: Any, *tables: Any) -> bool:
+        """Whether q, k, v have the tuned shapes and dtype, the mask (or its absence) the tuned kind
+        and broadcast pattern, and the rotary tables (cos and sin of q, then of k) the tuned lanes
+        and pattern, all aligned."""
         e = self.expr
-        keys = (e.batch, e.heads, e.lk, e.d)
+        keys = (e.batch, e.kv_heads, e.lk, e.d)
         if tuple(q.shape) != (e.batch, e.heads, e.lq, e.d) or not tuple(k.shape) == tuple(v.shape) == keys:
             return False
-        if any(DTYPE_NAMES.get(str(t.dtype)) != e.dtype for t in (q, k, v)) or not aligned(q, k, v, mask):
+        if any(DTYPE_NAMES.get(str(t.dtype)) != e.dtype for t in (q, k, v)) or not aligned(q, k, v, mask, *tables):
+            return False
+        if not (attention_match.rope_fits(e, e.rope_q, e.lq, *tables[:2])
+                and attention_match.rope_fits(e, e.rope_k, e.lk, *tables[2:])):
             return False
         if mask is None:
             return e.mask is None

@@ -87,9 +87,11 @@ def wide(x: torch.Tensor, ws: list[torch.Tensor], bs: list[torch.Tensor], spec: 
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-              spec: str) -> torch.Tensor:
-    """softmax(scale·q·kᵀ [+ mask])·v by the tuned kernel of `spec` (a fresh output)."""
-    return site(spec)(q, k, v, mask)
+              spec: str, cos_q: Optional[torch.Tensor] = None, sin_q: Optional[torch.Tensor] = None,
+              cos_k: Optional[torch.Tensor] = None, sin_k: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """softmax(scale·q·kᵀ [+ mask])·v by the tuned kernel of `spec` (a fresh output), q and k
+    rotated by their tables first where the spec says so, k and v shared by groups of query heads."""
+    return site(spec)(q, k, v, mask, cos_q, sin_q, cos_k, sin_k)
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,7 @@ KINDS = (
     SiteKind(match=graph.WideMatch, expr=Wide, members=_projections, rewrite=rewrites.wide,
              site=WideSite, body=wide, fake=lambda x, ws, bs, spec, norm=None: site(spec).empty_outs(x)),
     SiteKind(match=graph.AttentionMatch, expr=Attention, members=lambda m: (), rewrite=rewrites.attention,
-             site=AttentionSite, body=attention, fake=lambda q, k, v, mask, spec: site(spec).empty_out(q)),
+             site=AttentionSite, body=attention, fake=lambda q, k, v, mask, spec, *tables: site(spec).empty_out(q)),
 )
 _BY_OP = {kind.expr.op: kind for kind in KINDS}
 _BY_MATCH = {kind.match: kind for kind in KINDS}
