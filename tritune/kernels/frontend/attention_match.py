@@ -29,7 +29,7 @@ from tritune.kernels.attention.launch import dense_strides
 from tritune.kernels.expr import ExprError
 from tritune.kernels.frontend.epilogue_match import static, val
 from tritune.kernels.frontend.helpers import DTYPE_NAMES
-from tritune.kernels.frontend.rotary_match import Rotary, repeated, rotary, same_for_rows, table_dims
+from tritune.kernels.frontend.rotary_match import VIEWS, Rotary, repeated, rotary, same_for_rows, table_dims
 
 A = torch.ops.aten
 MASK_NAMES = ("attn_mask", "attn_bias")
@@ -137,13 +137,16 @@ def _kv(args: dict[str, Any], grouped: bool) -> tuple[Any, Any, int]:
 def _q_rotary(q: fx.Node) -> tuple[Rotary | None, tuple[int, ...] | None]:
     """q's rotation, and the shape the site views its input to where SDPA reads a view of it."""
     r = rotary(q)
-    if r is not None:
+    if r is not None or not (isinstance(q, fx.Node) and q.op == "call_function" and q.target in VIEWS):
         return r, None
-    if isinstance(q, fx.Node) and q.op == "call_function" and q.target in (A.view.default, A._unsafe_view.default,
-                                                                          A.reshape.default):
-        r = rotary(q.args[0])
-        if r is not None and same_for_rows(r) and r.lanes == val(r.x).shape[-1] == val(q).shape[-1]:
-            return r, tuple(val(q).shape)
+    r = rotary(q.args[0])
+    if r is None:
+        return None, None
+    x, viewed = val(r.x), val(q)
+    # a view that keeps each batch's rows in that batch and each row's lanes commutes with a
+    # rotation that varies along batch and lane only
+    if same_for_rows(r) and r.lanes == x.shape[-1] == viewed.shape[-1] and x.shape[0] == viewed.shape[0]:
+        return r, tuple(viewed.shape)
     return None, None
 
 
