@@ -108,9 +108,23 @@ def test_bad_expressions_are_one_expr_error():
     for bad, match in ((dict(lq=65), "at most 64"), (dict(d=257), "at most 256"), (dict(mask="int8"), "unknown mask"),
                        (dict(mask="fp16", mask_dims="kb"), "mask_dims"), (dict(mask_dims="b"), "without a mask"),
                        (dict(mask="bool", causal=True), "causal"), (dict(out_order="bhq"), "out_order"),
-                       (dict(scale=0.0), "scale"), (dict(scale=float("inf")), "scale")):
+                       (dict(scale=0.0), "scale"), (dict(scale=float("inf")), "scale"),
+                       (dict(group=3), "divisor of heads"), (dict(group=0), "group"), (dict(lq=33, group=2), "group"),
+                       (dict(rope_q=3), "rope_q"), (dict(rope_k=18), "rope_k"), (dict(rope_dims="n"), "rope_dims"),
+                       (dict(rope_q=16, rope_dims="nb"), "rope_dims"), (dict(rope_q=16, rope_dims="h"), "rope_dims")):
         with pytest.raises(ExprError, match=match):
             Attention(**{**dict(batch=2, heads=2, lq=3, lk=7, d=16), **bad})
+
+
+def test_the_command_line_takes_the_group_and_the_rotation():
+    expr = FAM.from_cli("16,32,1,4096,128", "bf16", {"group": "8", "rope": "128"})
+    # a table row per position, the same for every sequence
+    assert (expr.heads, expr.kv_heads, expr.rope_q, expr.rope_k, expr.rope_dims) == (32, 4, 128, 128, "n")
+    assert FAM.from_cli("1,8,4,100,64", "fp16", {}).rope_dims == ""
+    for options, match in (({"group": "x"}, "--group"), ({"group": "3"}, "divisor"), ({"rope": "7"}, "rope_q"),
+                           ({"mask": "fp16"}, "--mask does not apply")):
+        with pytest.raises(ExprError, match=match):
+            FAM.from_cli("16,32,1,4096,128", "fp16", options)
 
 
 def test_the_mask_pattern_and_scale_have_one_stored_form():

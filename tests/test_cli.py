@@ -33,6 +33,9 @@ def cli(capsys, *args):
     (["run", "--shape", "64", "--layout", "xy"], "bad --layout"),
     (["run", "--shape", "64", "--epilogue", "softmax"], "unknown epilogue 'softmax'"),
     (["run", "--shape", "64", "--trials", "0"], "--trials"),
+    (["run", "--shape", "64", "--group", "2"], "--group does not apply to --op matmul"),
+    (["run", "--op", "attention", "--shape", "2,6,1,9,16", "--group", "4"], "group must be a positive divisor"),
+    (["run", "--op", "attention", "--shape", "2,6,1,9,16", "--rope", "half"], "bad --rope"),
     (["run", "--bogus"], "no such option"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(capsys, tmp_path, args, needle):

@@ -7,7 +7,8 @@ import numpy as np
 
 from tritune.kernels.attention import launch
 from tritune.kernels.attention.expr import AWKWARD, Attention
-from tritune.kernels.expr import DTYPE_BYTES, TOLERANCE, check_dtype, check_options, parse_dims, torch_dtype
+from tritune.kernels.expr import (DTYPE_BYTES, TOLERANCE, ExprError, check_dtype, check_options, parse_dims,
+                                  torch_dtype)
 from tritune.kernels.family import Family, Operands
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits, Space
@@ -27,17 +28,19 @@ class AttentionFamily(Family):
 
     @property
     def cli_help(self) -> str:
-        return ("--shape B,H,Lq,Lk,D (batch, heads, query rows <= 64, keys, head dim <= 256); no mask, "
-                "scale 1/sqrt(D) (a model's masks come with tune-model)")
+        return ("--shape B,H,Lq,Lk,D (batch, query heads, query rows <= 64, keys, head dim <= 256); no mask, "
+                "scale 1/sqrt(D) (a model's masks come with tune-model); --group G: query heads per key/value "
+                "head; --rope R: q and k rotated on their first R lanes, tables per position")
 
     def examples(self) -> tuple:
         return AWKWARD
 
     def from_cli(self, shape: str, dtype: str, options: dict[str, str]) -> Attention:
-        check_options(options, (), self.op)
+        check_options(options, ("group", "rope"), self.op)
         b, h, lq, lk, d = parse_dims(shape, (5,), "B,H,Lq,Lk,D")
         check_dtype(dtype)
-        return Attention(b, h, lq, lk, d, dtype)
+        group, rope = (_count(options, name, default) for name, default in (("group", 1), ("rope", 0)))
+        return Attention(b, h, lq, lk, d, dtype, group=group, rope_q=rope, rope_k=rope, rope_dims="n" if rope else "")
 
     def rate(self, expr: Attention, ms: float | None) -> tuple[float, str]:
         """Bandwidth: the bytes the op must move (`expr.bytes`) per second, in TB/s."""
@@ -152,6 +155,17 @@ def _prepared(expr: Attention, q: Any, k: Any, v: Any, cos_q: Any = None, sin_q:
     if expr.group > 1:
         k, v = k.repeat_interleave(expr.group, 1), v.repeat_interleave(expr.group, 1)
     return q, k, v
+
+
+def _count(options: dict[str, str], name: str, default: int) -> int:
+    """An option's whole number (ExprError naming it otherwise)."""
+    text = options.get(name)
+    if text is None:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ExprError(f"bad --{name} {text!r}: expected a whole number") from None
 
 
 def _full_mask(expr: Attention, mask: Any, device: Any) -> Any:

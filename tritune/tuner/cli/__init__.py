@@ -119,6 +119,8 @@ db_option = click.option("--db", "db_path", default=None, callback=paths.databas
 @click.option("--dilation", default=None, help="conv2d: D or DH,DW")
 @click.option("--eps", default=None, help="layernorm: the epsilon [default: 1e-5]")
 @click.option("--activation", default=None, help="gated: the gate's activation, silu (SwiGLU, default), gelu or gelu_tanh (GeGLU)")
+@click.option("--group", default=None, help="attention: query heads per key/value head (grouped-query attention) [default: 1]")
+@click.option("--rope", default=None, help="attention: q and k rotated by rotary embeddings on their first R lanes [default: 0]")
 @click.option("--trials", default=128, show_default=True, type=click.IntRange(1), help="measurements in total for this workload")
 @click.option("--strategy", default="sa", show_default=True, help=f"one of {', '.join(sorted(REGISTRY))}")
 @click.option("--seed", default=0, show_default=True, type=int)
@@ -136,15 +138,16 @@ db_option = click.option("--db", "db_path", default=None, callback=paths.databas
 @click.option("--verbose", is_flag=True, help="also show where the run's time went (it is in --summary-json too)")
 @click.option("--inject-fault", "faults", multiple=True, type=click.Choice(FAULTS), hidden=True)
 @db_option
-def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, activation, trials, strategy, seed, prior, batch_size,
-        early_stop, timeout, workers, devices, cluster, cluster_wait, summary_json, verbose, faults, db_path) -> None:
+def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, activation, group, rope, trials, strategy, seed,
+        prior, batch_size, early_stop, timeout, workers, devices, cluster, cluster_wait, summary_json, verbose, faults,
+        db_path) -> None:
     """Tune one workload on this GPU and store every trial."""
     from tritune.tuner.cli.display import Terminal
     from tritune.tuner.gpus.start import TuneOptions
     from tritune.tuner.run import tune
 
     expr = make_expr(op, shape, dtype, layout=layout, epilogue=epilogue, stride=stride, padding=padding,
-                     dilation=dilation, eps=eps, activation=activation)
+                     dilation=dilation, eps=eps, activation=activation, group=group, rope=rope)
     inputs.known_strategy(strategy)
     options = TuneOptions(trials, strategy, seed, batch_size, early_stop, timeout, workers, tuple(faults), prior, verbose,
                           *inputs.where(devices, cluster, cluster_wait))
