@@ -29,7 +29,8 @@ from tritune.kernels.attention.launch import dense_strides
 from tritune.kernels.expr import ExprError
 from tritune.kernels.frontend.epilogue_match import static, val
 from tritune.kernels.frontend.helpers import DTYPE_NAMES
-from tritune.kernels.frontend.rotary_match import VIEWS, Rotary, repeated, rotary, same_for_rows, table_dims
+from tritune.kernels.frontend.rotary_match import (VIEWS, Rotary, repeated, rotary, same_for_rows, table_dims,
+                                                   table_fits)
 
 A = torch.ops.aten
 MASK_NAMES = ("attn_mask", "attn_bias")
@@ -93,13 +94,15 @@ def _match(node: fx.Node) -> AttentionMatch | None:
         return None
     mask_node = next((args[n] for n in MASK_NAMES if args.get(n) is not None), None)
     mask = None if mask_node is None else mask_source(mask_node)
-    sdpa_q = val(args["query"])
+    sdpa_q, out = val(args["query"]), val(outputs[0])
+    if not static(sdpa_q, out) or sdpa_q.dim() != 4:
+        return None
     for grouped in (True, False):  # k and v read before their repeat, else as SDPA reads them
         k_node, v_node, group = _kv(args, grouped)
         if k_node is None:
             continue
-        k, v, out = val(k_node), val(v_node), val(outputs[0])
-        if not static(sdpa_q, k, v, out) or sdpa_q.dim() != 4 or k.shape != v.shape or k.dim() != 4:
+        k, v = val(k_node), val(v_node)
+        if not static(k, v) or k.shape != v.shape or k.dim() != 4:
             return None
         if sdpa_q.shape[0] != k.shape[0] or sdpa_q.shape[1] != k.shape[1] * group or sdpa_q.shape[3] != k.shape[3] \
                 or len({sdpa_q.dtype, k.dtype, v.dtype}) != 1 or str(sdpa_q.dtype) not in DTYPE_NAMES:
@@ -164,11 +167,10 @@ def rope_fits(expr: Attention, lanes: int, rows: int, cos: Any, sin: Any) -> boo
     without a rotation, else cos and sin alike in the tuned dtype, [B or 1, 1, rows or 1, lanes]."""
     if not lanes:
         return cos is None and sin is None
-    if cos is None or sin is None or cos.shape != sin.shape or cos.stride() != sin.stride() or cos.dim() > 4:
+    if cos is None or sin is None or cos.shape != sin.shape or cos.stride() != sin.stride():
         return False
-    shape = (1,) * (4 - cos.dim()) + tuple(cos.shape)
-    return all(DTYPE_NAMES.get(str(t.dtype)) == expr.dtype for t in (cos, sin)) and shape[0] in (1, expr.batch) \
-        and shape[1] == 1 and shape[2] in (1, rows) and shape[3] == lanes
+    return all(DTYPE_NAMES.get(str(t.dtype)) == expr.dtype for t in (cos, sin)) and table_fits(cos, expr.batch, rows,
+                                                                                              lanes)
 
 
 def _mask_fields(mask: fx.Node | None, sizes: tuple[int, ...]) -> dict[str, Any]:

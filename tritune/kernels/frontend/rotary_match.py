@@ -13,7 +13,6 @@ k and v is x[:, :, None].expand(B, Hkv, G, L, D).reshape(B, Hkv·G, L, D) (`repe
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,11 +39,12 @@ def rotary(node: Any) -> Rotary | None:
     """The rotation `node` computes, whole or partial, or None."""
     if _is(node, A.cat.default) and len(node.args[0]) == 2 and _last_dim(node):
         rot, rest = node.args[0]
-        r = rotary(rot)  # the rotated part, then the lanes that pass
-        if r is not None and _sliced(rest, r.x.args[0] if _is(r.x, A.slice.Tensor) else None, r.lanes, None) \
-                and _sliced(r.x, rest.args[0], 0, r.lanes):
-            return Rotary(rest.args[0], r.cos, r.sin, r.lanes)
-        return None
+        r = rotary(rot)  # the rotated part x[..., :lanes], then the lanes that pass x[..., lanes:]
+        if r is None or not _is(r.x, A.slice.Tensor):
+            return None
+        x = r.x.args[0]
+        return Rotary(x, r.cos, r.sin, r.lanes) if _sliced(r.x, x, 0, r.lanes) and _sliced(rest, x, r.lanes, None) \
+            else None
     if not _is(node, A.add.Tensor) or len(node.args) != 2:
         return None
     for plain, turned in (node.args, node.args[::-1]):
@@ -60,7 +60,7 @@ def rotary(node: Any) -> Rotary | None:
 
 def table_dims(*tables: Any) -> str:
     """The rotary tables' dimensions (of "bn": batch, row) along which any of them varies."""
-    shapes = [(1,) * (4 - val(t).dim()) + tuple(val(t).shape) for t in tables if t is not None]
+    shapes = [shape4(val(t)) for t in tables if t is not None]
     return ("b" if any(s[0] > 1 for s in shapes) else "") + ("n" if any(s[2] > 1 for s in shapes) else "")
 
 
@@ -84,7 +84,7 @@ def repeated(node: Any) -> tuple[fx.Node, int] | None:
 def same_for_rows(r: Rotary) -> bool:
     """Whether a rotation is the same for every head and row (its tables vary along batch and lane
     only): then a view that regroups heads and rows commutes with it."""
-    return all(((1,) * (4 - val(t).dim()) + tuple(val(t).shape))[1:3] == (1, 1) for t in (r.cos, r.sin))
+    return all(shape4(val(t))[1:3] == (1, 1) for t in (r.cos, r.sin))
 
 
 def _turned(node: Any) -> tuple[fx.Node, fx.Node] | None:
@@ -111,14 +111,25 @@ def _other(node: Any, x: fx.Node) -> fx.Node | None:
     return b if a is x else a if b is x else None
 
 
-def _table(t: Any, x: fx.Node) -> bool:
-    """Whether t is a tensor node in x's dtype broadcastable to x [B, H, L, lanes] with one row of
-    lanes per (batch, row): [B or 1, 1, L or 1, lanes]."""
-    tv, xv = val(t), val(x)
-    if not (isinstance(t, fx.Node) and static(tv, xv) and xv.dim() == 4 and tv.dim() <= 4 and tv.dtype == xv.dtype):
+def table_fits(table: Any, batch: int, rows: int, lanes: int) -> bool:
+    """Whether a tensor's shape is a rotary table's for x [batch, heads, rows, lanes]: one row of
+    lanes per (batch, row), the same for every head, [batch or 1, 1, rows or 1, lanes]."""
+    if table.dim() > 4:
         return False
-    shape = (1,) * (4 - tv.dim()) + tuple(tv.shape)
-    return shape[0] in (1, xv.shape[0]) and shape[1] == 1 and shape[2] in (1, xv.shape[2]) and shape[3] == xv.shape[3]
+    b, h, n, d = shape4(table)
+    return b in (1, batch) and h == 1 and n in (1, rows) and d == lanes
+
+
+def shape4(t: Any) -> tuple[int, ...]:
+    """A tensor's shape right-aligned to 4-D (1 for the dimensions it lacks)."""
+    return (1,) * (4 - t.dim()) + tuple(t.shape)
+
+
+def _table(t: Any, x: fx.Node) -> bool:
+    """Whether t is a tensor node in x's dtype that is a rotary table for x [B, H, L, lanes]."""
+    tv, xv = val(t), val(x)
+    return isinstance(t, fx.Node) and static(tv, xv) and xv.dim() == 4 and tv.dtype == xv.dtype \
+        and table_fits(tv, xv.shape[0], xv.shape[2], xv.shape[3])
 
 
 def _sliced(node: Any, x: Any, start: int, end: int | None) -> bool:
@@ -127,7 +138,7 @@ def _sliced(node: Any, x: Any, start: int, end: int | None) -> bool:
         return False
     dim, lo, hi, step = (*node.args[1:], *(0, None, None, 1)[len(node.args) - 1:])[:4]  # defaults filled in
     size = val(x).shape[-1]
-    hi = size if hi is None or hi >= min(size, sys.maxsize) else hi
+    hi = size if hi is None or hi >= size else hi  # torch writes "to the end" as sys.maxsize
     return dim in (-1, val(x).dim() - 1) and (lo or 0) == start and hi == (size if end is None else end) and step == 1
 
 

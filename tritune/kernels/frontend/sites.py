@@ -293,9 +293,9 @@ class AttentionSite(_OneKernel):
         out = q.new_empty([sizes[c] for c in e.out_order])
         return out if e.out_order == "bhqd" else out.permute([e.out_order.index(c) for c in "bhqd"])
 
-    def __call__(self, q: Any, k: Any, v: Any, mask: Any, *tables: Any) -> Any:
-        expr, out = self.expr, self.empty_out(q)
-        tables = (*tables, *(None,) * (4 - len(tables)))  # cos and sin of q, then of k
+    def __call__(self, q: Any, k: Any, v: Any, mask: Any, cos_q: Any = None, sin_q: Any = None, cos_k: Any = None,
+                 sin_k: Any = None) -> Any:
+        expr, out, tables = self.expr, self.empty_out(q), (cos_q, sin_q, cos_k, sin_k)
         if not self.fits(q, k, v, mask, *tables):
             _misfit(self)
             return out.copy_(sdpa(expr, q, k, v, None, mask, *tables))  # the layout the graph was traced with
