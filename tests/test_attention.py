@@ -40,6 +40,10 @@ SHAPES = [
     Attention(3, 6, 1, 21, 80, group=3, rope_q=20, rope_k=20),  # a NeoX-style partial rotation, D padded
     Attention(2, 4, 2, 19, 32, "fp32", causal=True, group=2, rope_q=32, rope_dims="n"),  # q alone rotated
     Attention(1, 16, 4, 30, 16, "fp32", group=16),  # the most rows: every head of the group
+    # the tables computed in the kernel from positions (up to 4095) and frequencies
+    Attention(2, 8, 3, 37, 64, "fp32", group=4, rope_q=64, rope_k=64, rope_dims="bn", rope_pos="i64"),
+    Attention(3, 6, 2, 21, 80, group=3, rope_q=20, rope_k=20, rope_dims="n", rope_pos="i32", rope_freq="fp16",
+              rope_scale=0.75),
 ]
 
 

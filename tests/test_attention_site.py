@@ -204,12 +204,14 @@ def test_the_replayed_kernel_builds_for_sm90():
              (Attention(16, 16, 1, 1024, 128, "bf16", out_order="bqhd"), MMA.replace(BLOCK_N=64, num_stages=3)),
              (Attention(1, 16, 4, 4096, 64, mask="bool", mask_dims="bqk"), MMA.replace(SPLIT=8)),
              (Attention(16, 16, 1, 1, 128, mask="fp16", mask_dims="b", group=4, rope_q=128, rope_k=128), MMA),
-             (Attention(16, 16, 1, 1, 64, group=4, rope_q=16), MMA.replace(SPLIT=2))]
+             (Attention(16, 16, 1, 1, 64, group=4, rope_q=16), MMA.replace(SPLIT=2)),
+             (Attention(16, 16, 1, 1, 128, "bf16", mask="bf16", mask_dims="b", group=4, rope_q=128, rope_k=128,
+                        rope_pos="i64", rope_freq="fp32"), CONFIG)]  # the tables computed from positions
     results = build_sm90(cases, replay=True)
     # no mask, no table, no split: None for their pointers (specialised away, nothing passed per launch)
     tables = ["CosQ", "SinQ", "CosK", "SinK"]
     assert [r["nones"] for r in results] == [[*tables, "WS", "LOCKS"], ["Mask", *tables, "WS", "LOCKS"], tables,
-                                             ["WS", "LOCKS"], ["Mask", "CosK", "SinK"]]
+                                             ["WS", "LOCKS"], ["Mask", "CosK", "SinK"], ["WS", "LOCKS"]]
 
 
 ROUTE = """

@@ -17,6 +17,7 @@ MAX_HEAD_DIM = 256
 MASKS = ("bool", *DTYPES)  # a boolean mask (True: attend) or an additive one in a float dtype
 MASK_DIMS = "bhqk"  # the mask's dimensions: batch, head, query row, key
 ROPE_DIMS = "bn"  # the rotary tables' dimensions besides the lane: batch, position (the row's)
+ROPE_POSITIONS = ("i64", "i32")  # position types the kernel computes its tables from (torch's long, int)
 OUT_DIMS = "bhqd"  # the output's: batch, head, query row, head dim
 
 
@@ -36,6 +37,13 @@ class Attention(Keyed):
     the lanes (even, at most d; 0: none) of each q / k row rotated by rotary embeddings before the
     products, with cos and sin tables [.., rows, lanes] in the storage dtype that vary along
     `rope_dims` (of "bn": batch, position) besides the lane, and are the same for every head.
+
+    `rope_pos`: "" where the tables are operands; else the kernel computes them, as transformers'
+    rotary embeddings build them, from positions of that integer type (one per batch and row,
+    varying along `rope_dims`) and frequencies of dtype `rope_freq` (half the rotated lanes: lane j
+    turns at frequency j mod lanes/2): cos(position·frequency)·`rope_scale` in fp32, rounded to the
+    storage dtype, and the same for sin. The kernel that would compute the tables on every call is
+    then not needed.
     """
 
     batch: int
@@ -53,6 +61,9 @@ class Attention(Keyed):
     rope_q: int = 0
     rope_k: int = 0
     rope_dims: str = ""
+    rope_pos: str = ""
+    rope_freq: str = "fp32"
+    rope_scale: float = 1.0
     op: ClassVar[str] = "attention"
 
     def __post_init__(self) -> None:
@@ -107,6 +118,17 @@ class Attention(Keyed):
                 set(dims), key=ROPE_DIMS.index) or (dims and not (self.rope_q or self.rope_k)):
             raise ExprError(f"rope_dims must be letters of {ROPE_DIMS!r} in that order, with rotary lanes, "
                             f"got {dims!r}")
+        if self.rope_pos not in ("", *ROPE_POSITIONS) or (self.rope_pos and not (self.rope_q or self.rope_k)):
+            raise ExprError(f"rope_pos must be '' (tables given) or one of {', '.join(ROPE_POSITIONS)}, with rotary "
+                            f"lanes, got {self.rope_pos!r}")
+        if self.rope_freq not in DTYPES:
+            raise ExprError(f"rope_freq must be one of {', '.join(DTYPES)}, got {self.rope_freq!r}")
+        scale = self.rope_scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+            raise ExprError(f"rope_scale must be a finite number, got {scale!r}")
+        if not self.rope_pos and (scale != 1 or self.rope_freq != "fp32"):
+            raise ExprError("rope_scale and rope_freq describe tables computed from positions: with rope_pos only")
+        object.__setattr__(self, "rope_scale", float(scale))
 
     @property
     def kv_heads(self) -> int:
@@ -132,16 +154,25 @@ class Attention(Keyed):
         """Bytes a kernel must move at least: q, k, v and the mask read once, the output written."""
         eb = DTYPE_BYTES[self.dtype]
         mask = 0 if self.mask is None else math.prod(self.mask_shape()) * DTYPE_BYTES.get(self.mask, 1)
-        tables = 2 * eb * (math.prod(self.rope_shape(self.lq, self.rope_q)) * (self.rope_q > 0)
-                           + math.prod(self.rope_shape(self.lk, self.rope_k)) * (self.rope_k > 0))
-        return self.batch * (2 * self.heads * self.lq + 2 * self.kv_heads * self.lk) * self.d * eb + mask + tables
+        return self.batch * (2 * self.heads * self.lq + 2 * self.kv_heads * self.lk) * self.d * eb + mask \
+            + self._rope_bytes(self.lq, self.rope_q) + self._rope_bytes(self.lk, self.rope_k)
+
+    def _rope_bytes(self, rows: int, lanes: int) -> int:
+        """Bytes of one side's rotary operands: its cos and sin tables, or positions and frequencies."""
+        if not lanes:
+            return 0
+        per_row = math.prod(self.rope_shape(rows, 1))
+        if self.rope_pos:
+            return per_row * (8 if self.rope_pos == "i64" else 4) + lanes // 2 * DTYPE_BYTES[self.rope_freq]
+        return 2 * per_row * lanes * DTYPE_BYTES[self.dtype]
 
     def to_dict(self) -> dict:
         """Canonical dict form (the workload spec stored in the database)."""
         return {"op": self.op, "batch": self.batch, "heads": self.heads, "lq": self.lq, "lk": self.lk, "d": self.d,
                 "dtype": self.dtype, "scale": self.scale, "mask": self.mask, "mask_dims": self.mask_dims,
                 "causal": self.causal, "out_order": self.out_order, "group": self.group, "rope_q": self.rope_q,
-                "rope_k": self.rope_k, "rope_dims": self.rope_dims}
+                "rope_k": self.rope_k, "rope_dims": self.rope_dims, "rope_pos": self.rope_pos,
+                "rope_freq": self.rope_freq, "rope_scale": self.rope_scale}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Attention":
@@ -161,6 +192,8 @@ class Attention(Keyed):
         extra += f" group {self.group}" if self.group > 1 else ""
         extra += f" rope q{self.rope_q} k{self.rope_k}" + (f"[{self.rope_dims}]" if self.rope_dims else "") \
             if self.rope_q or self.rope_k else ""
+        extra += f" pos {self.rope_pos} freq {self.rope_freq}" if self.rope_pos else ""
+        extra += f" x{self.rope_scale:g}" if self.rope_scale != 1 else ""
         return f"attention {self.batch}x{self.heads} q{self.lq} k{self.lk} d{self.d} {self.dtype}{extra}"
 
 
@@ -181,4 +214,10 @@ AWKWARD = (
     Attention(3, 6, 1, 21, 80, group=3, rope_q=20, rope_k=20),
     Attention(2, 4, 2, 19, 32, causal=True, group=2, rope_q=32, rope_dims="n"),
     Attention(2, 8, 1, 40, 128, "bf16", mask="bf16", mask_dims="bk", group=4, rope_q=128, rope_k=128),
+    # the tables computed from positions: per batch and row, long positions and fp32 frequencies;
+    # int positions, fp16 frequencies, a scale and a partial rotation; bf16 with positions per batch
+    Attention(2, 8, 3, 37, 64, "fp32", group=4, rope_q=64, rope_k=64, rope_dims="bn", rope_pos="i64"),
+    Attention(3, 6, 2, 21, 80, group=3, rope_q=20, rope_k=20, rope_dims="n", rope_pos="i32", rope_freq="fp16",
+              rope_scale=0.75),
+    Attention(2, 8, 1, 40, 128, "bf16", group=4, rope_q=128, rope_k=128, rope_dims="b", rope_pos="i64"),
 )

@@ -13,6 +13,8 @@ from tritune.kernels.family import Family, Operands
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits, Space
 
+POSITION_TYPES = {"i64": "int64", "i32": "int32"}  # rope_pos -> the torch dtype's name
+
 
 class AttentionFamily(Family):
     """out = softmax(scale·q·kᵀ [+ mask])·v, q [B,H,Lq,D] (Lq <= 64), k, v [B,H/G,Lk,D], q and k
@@ -68,7 +70,9 @@ class AttentionFamily(Family):
         additive one N(0, 1) with a fifth of its entries -inf, or a boolean one four fifths True;
         key 0 is never left out (torch's fused kernels differ on rows with no key at all). With
         rotary embeddings the mask (None without) is followed by cos and sin of random angles for
-        q, then for k (None for a side without)."""
+        q, then for k (None for a side without); where the kernel computes the tables (`rope_pos`),
+        by each side's positions (0 to 4095, [B or 1, 1, rows or 1, 1]) and frequencies (1e-4 to 1, as
+        a model's range over its lanes) instead."""
         import torch
 
         gen = torch.Generator(device=device).manual_seed(seed)
@@ -92,8 +96,14 @@ class AttentionFamily(Family):
             return Operands((q, k, v, out, *(() if mask is None else (mask,))), out)
 
         def tables(rows: int, lanes: int) -> tuple:
+            if not lanes:
+                return None, None
+            if expr.rope_pos:
+                positions = torch.randint(0, 4096, expr.rope_shape(rows, 1), generator=gen, device=device)
+                freqs = 1e4 ** -torch.rand(lanes // 2, generator=gen, device=device)
+                return positions.to(getattr(torch, POSITION_TYPES[expr.rope_pos])), freqs.to(torch_dtype(expr.rope_freq))
             angles = rand(*expr.rope_shape(rows, lanes)) * 3
-            return (angles.cos().to(dt), angles.sin().to(dt)) if lanes else (None, None)
+            return angles.cos().to(dt), angles.sin().to(dt)
         return Operands((q, k, v, out, mask, *tables(lq, expr.rope_q), *tables(lk, expr.rope_k)), out)
 
     def reference(self, expr: Attention, args: tuple) -> Any:
@@ -148,9 +158,26 @@ def rotated(x: Any, cos: Any, sin: Any, lanes: int) -> Any:
     return torch.cat([part * cos + turned * sin, rest], -1)
 
 
+def angle_tables(expr: Attention, positions: Any, freqs: Any, lanes: int) -> tuple:
+    """cos and sin tables of `lanes` lanes as transformers' rotary embeddings build them from positions
+    [.., rows, 1] and frequencies [lanes / 2]: the angles in fp32 (lane j at frequency j mod lanes/2),
+    cos and sin times `rope_scale`, rounded to the storage dtype; (None, None) without positions."""
+    import torch
+
+    if positions is None:
+        return None, None
+    f = freqs.float()
+    angles = positions.float() * torch.cat([f, f])[:lanes]
+    dt = torch_dtype(expr.dtype)
+    return (angles.cos() * expr.rope_scale).to(dt), (angles.sin() * expr.rope_scale).to(dt)
+
+
 def _prepared(expr: Attention, q: Any, k: Any, v: Any, cos_q: Any = None, sin_q: Any = None, cos_k: Any = None,
               sin_k: Any = None) -> tuple:
     """q and k rotated, k and v with one head per query head."""
+    if expr.rope_pos:  # the tables' operands are positions and frequencies
+        cos_q, sin_q = angle_tables(expr, cos_q, sin_q, expr.rope_q)
+        cos_k, sin_k = angle_tables(expr, cos_k, sin_k, expr.rope_k)
     q, k = rotated(q, cos_q, sin_q, expr.rope_q), rotated(k, cos_k, sin_k, expr.rope_k)
     if expr.group > 1:
         k, v = k.repeat_interleave(expr.group, 1), v.repeat_interleave(expr.group, 1)

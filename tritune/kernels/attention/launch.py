@@ -4,8 +4,10 @@ holds the ints and pointer alignment a binary assumes).
 A launch takes (q, k, v, out[, mask[, cos_q, sin_q, cos_k, sin_k]]): q, out [B, H, Lq, D], k, v
 [B, H / group, Lk, D], any strides; the mask broadcastable to [B, H, Lq, Lk] (a dimension it does not
 vary along has stride 0); rotary tables broadcastable to [B, H, Lq, rope_q] (q's) and [B, H / group,
-Lk, rope_k] (k's), cos and sin of one side alike (None for a side without). The kernel then takes a
-key split's scratch (`scratch`), which a launcher allocates once."""
+Lk, rope_k] (k's), cos and sin of one side alike (None for a side without); where the kernel computes
+the tables (`rope_pos`), each side's positions broadcastable to [B, 1, rows, 1] and its frequencies
+[rope / 2] instead. The kernel then takes a key split's scratch (`scratch`), which a launcher
+allocates once."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -76,9 +78,25 @@ def canonical_problem(expr: Attention) -> Problem:
     """The problem of the family's operands: contiguous q, k, v, the output in its order, the mask."""
     h, hk, lq, lk, d = expr.heads, expr.kv_heads, expr.lq, expr.lk, expr.d
     ints = (h, lq, lk, d, expr.group, h * lq * d, lq * d, d, 1, hk * lk * d, lk * d, d, 1, hk * lk * d, lk * d, d, 1,
-            *out_strides(expr), *_mask_strides(expr), *_broadcast_strides(expr.rope_shape(lq, expr.rope_q)),
-            *_broadcast_strides(expr.rope_shape(lk, expr.rope_k)))
+            *out_strides(expr), *_mask_strides(expr), *_rope_strides(expr, lq, expr.rope_q),
+            *_rope_strides(expr, lk, expr.rope_k))
     return Problem(ints, (True,) * len(template.POINTER_NAMES))
+
+
+def _rope_strides(expr: Attention, rows: int, lanes: int) -> tuple[int, ...]:
+    """A side's contiguous rotary operands' strides (b, h, row, lane): its tables', or its positions'
+    and (lane) its frequencies'."""
+    if not expr.rope_pos:
+        return _broadcast_strides(expr.rope_shape(rows, lanes))
+    return (*_broadcast_strides(expr.rope_shape(rows, 1))[:3], 1)
+
+
+def rope_strides(expr: Attention, cos: Any, sin: Any) -> tuple[int, ...]:
+    """A side's rotary operands' strides as the kernel takes them: its cos table's (`mask_strides`),
+    or (rope_pos) its positions' and its frequencies' along the lane."""
+    if cos is None or not expr.rope_pos:
+        return mask_strides(expr, cos)
+    return (*mask_strides(expr, cos)[:3], sin.stride(-1))
 
 
 def mask_strides(expr: Attention, mask: Any) -> tuple[int, int, int, int]:
@@ -95,7 +113,7 @@ def ints_of(expr: Attention, q: Any, k: Any, v: Any, out: Any, mask: Any = None,
     """The kernel's integer arguments for 4-D q, k, v, out, a mask and the rotary tables (real or
     fake tensors: only strides are read; a sine's strides are its cosine's)."""
     return (expr.heads, expr.lq, expr.lk, expr.d, expr.group, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-            *mask_strides(expr, mask), *mask_strides(expr, cos_q), *mask_strides(expr, cos_k))
+            *mask_strides(expr, mask), *rope_strides(expr, cos_q, sin_q), *rope_strides(expr, cos_k, sin_k))
 
 
 def pointers(q: Any, k: Any, v: Any, out: Any, mask: Any = None, *tables: Any) -> tuple:
@@ -117,7 +135,8 @@ def constexprs(expr: Attention, config: Config) -> dict[str, Any]:
             "BLOCK_D": bd,
             "DOT": config["DOT"], "DOT_PRECISION": "ieee" if expr.dtype == "fp32" else "tf32",
             "SPLIT": config.get("SPLIT", 1),
-            "EVEN_N": expr.lk % block_n == 0, "EVEN_D": expr.d == bd, "ROPE_Q": expr.rope_q, "ROPE_K": expr.rope_k}
+            "EVEN_N": expr.lk % block_n == 0, "EVEN_D": expr.d == bd, "ROPE_Q": expr.rope_q, "ROPE_K": expr.rope_k,
+            "ROPE_ANGLES": bool(expr.rope_pos), "ROPE_SCALE": expr.rope_scale, "ROPE_ROWS": "n" in expr.rope_dims}
 
 
 class _Binary(Binary):
@@ -135,7 +154,8 @@ class _Binary(Binary):
 
 def binary(expr: Attention, config: Config, problem: Problem) -> Binary:
     """What the candidate's binary is built from, ints specialised as the other families do."""
-    dtypes = (expr.dtype,) * 4 + (expr.mask or expr.dtype,) + (expr.dtype,) * 4
+    rope = (expr.rope_pos, expr.rope_freq) if expr.rope_pos else (expr.dtype,) * 2
+    dtypes = (expr.dtype,) * 4 + (expr.mask or expr.dtype,) + rope * 2
     pointers = tuple((n, t, a) for n, t, a in zip(template.POINTER_NAMES, dtypes, problem.aligned))
     pointers += (("WS", "fp32", True), ("LOCKS", "i32", True))
     ints = tuple((name, v, divisibility(v)) for name, v in zip(template.int_names(), problem.ints))

@@ -18,7 +18,9 @@ query row r % Lq): k and v are read once for the group, and no repeated copy of 
 ROPE_Q / ROPE_K > 0 apply rotary embeddings to the first that many lanes of each q / k row as it is
 loaded (x·cos + rotate_half(x)·sin, rotate_half(x) = (-x2, x1) of the two halves of those lanes;
 the other lanes pass), the cos and sin tables read at the row's position: the pointwise kernel that
-rotates q and k before attention is not needed.
+rotates q and k before attention is not needed. With ROPE_ANGLES the tables' pointers are each row's
+position and the lanes' frequencies instead, and the kernel computes cos(position·frequency)·ROPE_SCALE
+(fp32, rounded to the storage dtype, as transformers builds the tables): no kernel builds them either.
 
 SPLIT > 1 (flash-decoding) splits the keys of each (batch, head) over that many programs, so that
 few heads over many keys still fill the GPU: each parks its partial accumulator, max and sum in
@@ -36,7 +38,8 @@ KERNEL_NAME = "tritune_attention"
 POINTER_NAMES = ("Q", "K", "V", "Out", "Mask", "CosQ", "SinQ", "CosK", "SinK")
 SIZE_NAMES = ("H", "LQ", "LK", "D", "GROUP")
 # q, k, v and out: batch, head, row, head dim; the mask: batch, head, query row, key; the rotary
-# tables of q and of k (cos and sin alike): batch, head, row, lane
+# tables of q and of k (cos and sin alike): batch, head, row, lane (ROPE_ANGLES: the positions'
+# batch, head and row, and the frequencies' lane)
 STRIDE_NAMES = tuple(f"stride_{t}{dim}" for t in "qkvo" for dim in "bhnd") + tuple(
     f"stride_m{dim}" for dim in "bhqk") + tuple(f"stride_r{t}{dim}" for t in "qk" for dim in "bhnd")
 
@@ -55,16 +58,48 @@ def _tile(ptrs, ok, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _rotary(rows, x, cos, sin, cols, stride_d, stride_rd, ok, ROT: tl.constexpr):
+def _sincos(x):
+    # sin and cos of fp32 angles, within 1e-7 of float64's up to |x| ~ 4096 (1e-6 at 1e5): x reduced
+    # to [-pi/4, pi/4] by its quadrant k (pi/2 in three parts, the first two short enough that their
+    # products with k are exact), then Taylor polynomials, swapped and negated by k mod 4. The
+    # library's sin and cos carry a slow path for huge arguments that costs every call.
+    k = tl.floor(x * 0.6366197723675814 + 0.5)
+    r = ((x - k * 1.5703125) - k * 0.0004837512969970703) - k * 7.549790126404332e-08
+    r2 = r * r
+    s = r + r * r2 * (-0.16666666666666666 + r2 * (0.008333333333333333 + r2 * (-0.0001984126984126984
+                                                                                  + r2 * 2.7557319223985893e-06)))
+    c = 1.0 + r2 * (-0.5 + r2 * (0.041666666666666664 + r2 * (-0.001388888888888889 + r2 * (
+        2.48015873015873e-05 - r2 * 2.755731922398589e-07))))
+    quadrant = k.to(tl.int32) & 3
+    sin = tl.where(quadrant == 0, s, tl.where(quadrant == 1, c, tl.where(quadrant == 2, -s, -c)))
+    cos = tl.where(quadrant == 0, c, tl.where(quadrant == 1, -s, tl.where(quadrant == 2, -c, s)))
+    return sin, cos
+
+
+@triton.jit
+def _rotary(rows, x, cos, sin, at, first, cols, stride_d, stride_rd, ok, ROT: tl.constexpr, ANGLES: tl.constexpr,
+            ROPE_SCALE: tl.constexpr, PER_ROW: tl.constexpr):
     # x's first ROT lanes rotated: x·cos + rotate_half(x)·sin, where rotate_half negates the second
-    # half and swaps the halves; `rows`, `cos`, `sin` point at each row's lane 0, `ok` masks the tile
+    # half and swaps the halves; `rows` points at each row's lane 0, `at` is each row's offset in the
+    # tables `cos` and `sin` (ANGLES: in the positions `cos`; `sin` holds the frequencies; `first` is
+    # the tile's offset where every row has the same position, PER_ROW=0), `ok` masks the tile
     half: tl.constexpr = ROT // 2
     rot = cols < ROT
     lanes = ok & rot[None, :]
     partner = tl.load(rows + tl.where(cols < half, cols + half, cols - half)[None, :] * stride_d, mask=lanes,
                       other=0.0).to(tl.float32)
-    c = tl.load(cos + cols[None, :] * stride_rd, mask=lanes, other=0.0).to(tl.float32)
-    s = tl.load(sin + cols[None, :] * stride_rd, mask=lanes, other=0.0).to(tl.float32)
+    if ANGLES:
+        f = tl.load(sin + (cols % half) * stride_rd, mask=rot, other=0.0).to(tl.float32)
+        if PER_ROW:
+            angle = tl.load(cos + at + 0 * cols[None, :], mask=lanes, other=0).to(tl.float32) * f[None, :]
+        else:  # one row of angles for the whole tile: cos and sin once per lane, not once per element
+            angle = (tl.load(cos + first).to(tl.float32) * f)[None, :]
+        s, c = _sincos(angle)
+        c = (c * ROPE_SCALE).to(x.dtype).to(tl.float32)
+        s = (s * ROPE_SCALE).to(x.dtype).to(tl.float32)
+    else:
+        c = tl.load(cos + at + cols[None, :] * stride_rd, mask=lanes, other=0.0).to(tl.float32)
+        s = tl.load(sin + at + cols[None, :] * stride_rd, mask=lanes, other=0.0).to(tl.float32)
     turned = tl.where((cols < half)[None, :], -partner, partner)
     return tl.where(rot[None, :], x.to(tl.float32) * c + turned * s, x.to(tl.float32)).to(x.dtype)
 
@@ -117,6 +152,7 @@ def {name}(
     SCALE: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
     EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, ROPE_Q: tl.constexpr, ROPE_K: tl.constexpr,
+    ROPE_ANGLES: tl.constexpr, ROPE_SCALE: tl.constexpr, ROPE_ROWS: tl.constexpr,
 ):
     # {description}
     pid = tl.program_id(0)
@@ -134,7 +170,8 @@ def {name}(
     q = tl.load(q_rows + cols[None, :] * stride_qd, mask=q_ok, other=0.0)
     if ROPE_Q:
         r_q = (off_b * stride_rqb + q_h * stride_rqh + q_i * stride_rqn)[:, None]
-        q = _rotary(q_rows, q, CosQ + r_q, SinQ + r_q, cols, stride_qd, stride_rqd, q_ok, ROPE_Q)
+        q = _rotary(q_rows, q, CosQ, SinQ, r_q, off_b * stride_rqb, cols, stride_qd, stride_rqd, q_ok, ROPE_Q,
+                    ROPE_ANGLES, ROPE_SCALE, ROPE_ROWS)
     if not DOT:
         q = q.to(tl.float32) * (SCALE * LOG2E)
     k_rows = K + off_b * stride_kb + off_h * stride_kh
@@ -161,8 +198,8 @@ def {name}(
             mk = tl.load(m_ptrs, mask=row_ok[:, None] & key_ok[None, :], other=0)
         if ROPE_K:
             r_k = (off_b * stride_rkb + off_h * stride_rkh + keys * stride_rkn)[:, None]
-            k = _rotary(k_rows + keys[:, None] * stride_kn, k, CosK + r_k, SinK + r_k, cols, stride_kd, stride_rkd,
-                        tile_ok, ROPE_K)
+            k = _rotary(k_rows + keys[:, None] * stride_kn, k, CosK, SinK, r_k, off_b * stride_rkb, cols, stride_kd,
+                        stride_rkd, tile_ok, ROPE_K, ROPE_ANGLES, ROPE_SCALE, ROPE_ROWS)
         if DOT:
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * (SCALE * LOG2E)
         else:

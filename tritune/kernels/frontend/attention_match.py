@@ -29,6 +29,7 @@ from tritune.kernels.attention.launch import dense_strides
 from tritune.kernels.expr import ExprError
 from tritune.kernels.frontend.epilogue_match import static, val
 from tritune.kernels.frontend.helpers import DTYPE_NAMES
+from tritune.kernels.frontend.rope_angles import FREQ_TYPES, POSITION_TYPES, angles
 from tritune.kernels.frontend.rotary_match import (VIEWS, Rotary, repeated, rotary, same_for_rows, table_dims,
                                                    table_fits)
 
@@ -46,7 +47,9 @@ class AttentionMatch:
     without one), the rotary tables (cos and sin of q, then of k; None for a side not rotated), the
     shape q is viewed to (None: as it is; a rotation the same for every head and row commutes with
     the view SDPA's input went through) and the nodes reading its attention output (`outputs`,
-    getitem 0), which the kernel's output replaces."""
+    getitem 0), which the kernel's output replaces. Where the kernel computes the tables
+    (`expr.rope_pos`), `tables` are each side's positions and frequencies, and `table_views` the
+    shape each is viewed to (None: as it is)."""
 
     expr: Attention
     node: fx.Node
@@ -58,6 +61,7 @@ class AttentionMatch:
     unfused: str = ""
     tables: tuple[fx.Node | None, ...] = (None,) * 4
     q_shape: tuple[int, ...] | None = None
+    table_views: tuple[tuple[int, ...] | None, ...] = (None,) * 4
 
 
 def find(calls: Sequence[fx.Node]) -> list[AttentionMatch]:
@@ -109,16 +113,15 @@ def _match(node: fx.Node) -> AttentionMatch | None:
             continue
         q_rot, q_shape = _q_rotary(args["query"])
         k_rot = rotary(k_node)
+        fields, tables, views = _rope(q_rot, k_rot)
         try:
             expr = Attention(*sdpa_q.shape[:3], k.shape[2], sdpa_q.shape[3], DTYPE_NAMES[str(sdpa_q.dtype)],
                              args["scale"], **_mask_fields(mask, (*sdpa_q.shape[:3], k.shape[2])),
-                             causal=bool(args["is_causal"]), out_order=out_order(out), group=group,
-                             **_rope_fields(q_rot, k_rot))
+                             causal=bool(args["is_causal"]), out_order=out_order(out), group=group, **fields)
         except (ExprError, ValueError):
             continue  # too many rows (prefill), head dims past 256, a mask the kernel cannot read
-        tables = (*_tables(q_rot), *_tables(k_rot))
         return AttentionMatch(expr, node, args["query"] if q_rot is None else q_rot.x, k_node if k_rot is None
-                              else k_rot.x, v_node, mask, outputs, tables=tables, q_shape=q_shape)
+                              else k_rot.x, v_node, mask, outputs, tables=tables, q_shape=q_shape, table_views=views)
     return None
 
 
@@ -153,9 +156,23 @@ def _q_rotary(q: fx.Node) -> tuple[Rotary | None, tuple[int, ...] | None]:
     return None, None
 
 
-def _rope_fields(q: Rotary | None, k: Rotary | None) -> dict[str, Any]:
+def _rope(q: Rotary | None, k: Rotary | None) -> tuple[dict[str, Any], tuple, tuple]:
+    """The expression's rotary fields, the site's four rotary operands and the shapes they are
+    viewed to: the positions and frequencies both sides' tables are computed from, where the kernel
+    can compute them alike (`rope_angles`), else the tables."""
     lanes = {"rope_q": q.lanes if q else 0, "rope_k": k.lanes if k else 0}
-    return {**lanes, "rope_dims": table_dims(*_tables(q), *_tables(k))}
+    tables = (*_tables(q), *_tables(k))
+    found = [None if r is None else angles(r.cos, r.sin) for r in (q, k)]
+    given = [a for r, a in zip((q, k), found) if r is not None]
+    if not given or None in given or len({(a.pos_type, a.freq_type, a.scale) for a in given}) != 1:
+        return {**lanes, "rope_dims": table_dims(*tables)}, tables, (None,) * 4
+    views = [a.view for a in given]
+    dims = ("b" if any(v[0] > 1 for v in views) else "") + ("n" if any(v[2] > 1 for v in views) else "")
+    a = given[0]
+    fields = {**lanes, "rope_dims": dims, "rope_pos": a.pos_type, "rope_freq": a.freq_type, "rope_scale": a.scale}
+    operands = [(None, None, None, None) if x is None else (x.positions, x.freqs, x.view, (val(x.freqs).numel(),))
+                for x in found]
+    return fields, tuple(o for side in operands for o in side[:2]), tuple(o for side in operands for o in side[2:])
 
 
 def _tables(r: Rotary | None) -> tuple:
@@ -164,9 +181,13 @@ def _tables(r: Rotary | None) -> tuple:
 
 def rope_fits(expr: Attention, lanes: int, rows: int, cos: Any, sin: Any) -> bool:
     """Whether a call's rotary tables for `rows` rows suit a kernel rotating `lanes` lanes: none
-    without a rotation, else cos and sin alike in the tuned dtype, [B or 1, 1, rows or 1, lanes]."""
+    without a rotation, else cos and sin alike in the tuned dtype, [B or 1, 1, rows or 1, lanes]
+    (`rope_pos`: positions of the tuned type [B or 1, 1, rows or 1, 1], frequencies [lanes / 2])."""
     if not lanes:
         return cos is None and sin is None
+    if expr.rope_pos and cos is not None and sin is not None:  # positions and frequencies
+        return POSITION_TYPES.get(cos.dtype) == expr.rope_pos and FREQ_TYPES.get(sin.dtype) == expr.rope_freq \
+            and table_fits(cos, expr.batch, rows, 1) and sin.dim() == 1 and sin.shape[0] * 2 == lanes
     if cos is None or sin is None or cos.shape != sin.shape or cos.stride() != sin.stride():
         return False
     return all(DTYPE_NAMES.get(str(t.dtype)) == expr.dtype for t in (cos, sin)) and table_fits(cos, expr.batch, rows,

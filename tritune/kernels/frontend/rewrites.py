@@ -96,13 +96,14 @@ def wide(edit: GraphEdit, m: graph.WideMatch, spec: str, op: Any) -> None:
 
 def attention(edit: GraphEdit, m: graph.AttentionMatch, spec: str, op: Any) -> None:
     """op(q, k, v, mask, spec[, cos_q, sin_q, cos_k, sin_k]) where the SDPA node was (q and k read
-    before their rotation, k and v before their repeat), its output replacing every read of the
+    before their rotation, k and v before their repeat; the tables' operands viewed as the kernel
+    reads them: positions [B or 1, 1, rows or 1, 1] and frequencies [lanes / 2]), its output replacing every read of the
     node's attention output. The node goes too: dead-code elimination keeps the SDPA ops that may
     draw random numbers for dropout (the mask's broadcast copies it leaves to it)."""
     g, get = edit.graph, edit.get
     with g.inserting_before(m.node):
         q = get(m.q) if m.q_shape is None else edit.shaped(get(m.q), graph.val(m.q), list(m.q_shape))
-        tables = tuple(None if t is None else get(t) for t in m.tables) if any(m.tables) else ()
+        tables = tuple(_viewed(edit, t, shape) for t, shape in zip(m.tables, m.table_views)) if any(m.tables) else ()
         call = g.call_function(op, (q, get(m.k), get(m.v), None if m.mask is None else get(m.mask), spec, *tables))
     call.meta["val"] = graph.val(m.outputs[0])
     for out in m.outputs:
@@ -110,3 +111,15 @@ def attention(edit: GraphEdit, m: graph.AttentionMatch, spec: str, op: Any) -> N
         edit.replaced[out] = call
         g.erase_node(out)
     g.erase_node(m.node)  # the site reads nothing else of it
+
+
+def _viewed(edit: GraphEdit, node: fx.Node | None, shape: tuple[int, ...] | None) -> fx.Node | None:
+    """A table operand as the attention op reads it: `node` viewed to `shape` (None: as it is). The
+    view carries its value, so that positions computed from no input fold into one constant of the
+    op's shape (Inductor would inline a small 1-D constant and then copy it out for the op: a kernel)."""
+    if node is None or shape is None:
+        return None if node is None else edit.get(node)
+    viewed = edit.shaped(edit.get(node), graph.val(node), list(shape))
+    if viewed is not edit.get(node):
+        viewed.meta["val"] = graph.val(node).reshape(shape)
+    return viewed
