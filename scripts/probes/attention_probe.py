@@ -28,6 +28,12 @@ SHAPES = {
     # as the backend's site reads it: 4 query heads a k/v head, q and k rotated in the kernel
     "llama-k1-site": dict(batch=16, heads=16, lq=1, lk=1, d=128, mask="{dtype}", mask_dims="b", out_order="bqhd",
                           group=4, rope_q=128, rope_k=128),
+    # the same with the rotary tables computed in the kernel from positions and frequencies: the
+    # site's own form, then with a position per row (every row's angles computed)
+    "llama-k1-site-pos": dict(batch=16, heads=16, lq=1, lk=1, d=128, mask="{dtype}", mask_dims="b", out_order="bqhd",
+                              group=4, rope_q=128, rope_k=128, rope_pos="i64", rope_freq="{dtype}"),
+    "llama-k1-site-pos-rows": dict(batch=16, heads=16, lq=1, lk=1, d=128, mask="{dtype}", mask_dims="b",
+                                   out_order="bqhd", group=4, rope_q=128, rope_k=128, rope_dims="n", rope_pos="i64"),
     "llama-k1024-site": dict(batch=16, heads=16, lq=1, lk=1024, d=128, mask="{dtype}", mask_dims="bk", group=4,
                              rope_q=128),
     "llama-k1024": dict(batch=16, heads=4, lq=4, lk=1024, d=128, mask="{dtype}", mask_dims="bk"),
@@ -39,7 +45,7 @@ SHAPES = {
 
 def expression(name: str, dtype: str) -> Attention:
     """The attention of one of SHAPES in a dtype."""
-    fields = {k: v.format(dtype=dtype) if k == "mask" else v for k, v in SHAPES[name].items()}
+    fields = {k: v.format(dtype=dtype) if k in ("mask", "rope_freq") else v for k, v in SHAPES[name].items()}
     return Attention(**fields, dtype=dtype)
 
 
