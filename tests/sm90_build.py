@@ -47,8 +47,9 @@ def replay(expr, config):
                       for rows, lanes in ((expr.lq, expr.rope_q), (expr.lk, expr.rope_k)) for _ in "cs"]
             if expr.rope_pos:  # each side's positions and frequencies instead
                 kinds = {"i64": torch.int64, "i32": torch.int32}
-                tables = [t if t is None else torch.empty(t.shape[:3] + (1,), dtype=kinds[expr.rope_pos], device="cuda")
-                          if i % 2 == 0 else torch.empty(t.shape[-1] // 2, dtype=dtypes[expr.rope_freq], device="cuda")
+                tables = [t if t is None else
+                          torch.empty(t.shape[:3] + (1,), dtype=kinds[expr.rope_pos], device="cuda") if i % 2 == 0
+                          else torch.empty(t.shape[-1] // 2, dtype=dtypes[expr.rope_freq], device="cuda")
                           for i, t in enumerate(tables)]
             site(empty(expr.batch, expr.heads, expr.lq, expr.d), *[empty(expr.batch, expr.kv_heads, expr.lk, expr.d)] * 2,
                  mask, *tables)
@@ -62,8 +63,8 @@ def replay(expr, config):
             site(empty(expr.m, expr.k), weight(expr.n), empty(expr.n) if expr.has_bias else None, [], norm, norm_bias)
     (fn, args, kwargs), = launched
     values = {**dict(zip(fn.arg_names, args)), **kwargs}
-    types = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64",
-             torch.bool: "*i1"}
+    types = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32",
+             torch.int64: "*i64", torch.bool: "*i1"}
     signature = {n: types[values[n].dtype] if isinstance(values[n], torch.Tensor) else "constexpr"
                  for n in fn.arg_names}
     constants = {(i,): values[n] for i, n in enumerate(fn.arg_names) if signature[n] == "constexpr"}

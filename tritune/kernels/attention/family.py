@@ -101,7 +101,8 @@ class AttentionFamily(Family):
             if expr.rope_pos:
                 positions = torch.randint(0, 4096, expr.rope_shape(rows, 1), generator=gen, device=device)
                 freqs = 1e4 ** -torch.rand(lanes // 2, generator=gen, device=device)
-                return positions.to(getattr(torch, POSITION_TYPES[expr.rope_pos])), freqs.to(torch_dtype(expr.rope_freq))
+                kind = getattr(torch, POSITION_TYPES[expr.rope_pos])
+                return positions.to(kind), freqs.to(torch_dtype(expr.rope_freq))
             angles = rand(*expr.rope_shape(rows, lanes)) * 3
             return angles.cos().to(dt), angles.sin().to(dt)
         return Operands((q, k, v, out, mask, *tables(lq, expr.rope_q), *tables(lk, expr.rope_k)), out)

@@ -170,9 +170,12 @@ def _rope(q: Rotary | None, k: Rotary | None) -> tuple[dict[str, Any], tuple, tu
     dims = ("b" if any(v[0] > 1 for v in views) else "") + ("n" if any(v[2] > 1 for v in views) else "")
     a = given[0]
     fields = {**lanes, "rope_dims": dims, "rope_pos": a.pos_type, "rope_freq": a.freq_type, "rope_scale": a.scale}
-    operands = [(None, None, None, None) if x is None else (x.positions, x.freqs, x.view, (val(x.freqs).numel(),))
-                for x in found]
-    return fields, tuple(o for side in operands for o in side[:2]), tuple(o for side in operands for o in side[2:])
+    operands: list = []
+    shapes: list = []
+    for side in found:  # q's positions and frequencies, then k's (None for a side not rotated)
+        operands += (None, None) if side is None else (side.positions, side.freqs)
+        shapes += (None, None) if side is None else (side.view, (val(side.freqs).numel(),))
+    return fields, tuple(operands), tuple(shapes)
 
 
 def _tables(r: Rotary | None) -> tuple:

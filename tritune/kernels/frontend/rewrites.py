@@ -97,9 +97,10 @@ def wide(edit: GraphEdit, m: graph.WideMatch, spec: str, op: Any) -> None:
 def attention(edit: GraphEdit, m: graph.AttentionMatch, spec: str, op: Any) -> None:
     """op(q, k, v, mask, spec[, cos_q, sin_q, cos_k, sin_k]) where the SDPA node was (q and k read
     before their rotation, k and v before their repeat; the tables' operands viewed as the kernel
-    reads them: positions [B or 1, 1, rows or 1, 1] and frequencies [lanes / 2]), its output replacing every read of the
-    node's attention output. The node goes too: dead-code elimination keeps the SDPA ops that may
-    draw random numbers for dropout (the mask's broadcast copies it leaves to it)."""
+    reads them: positions [B or 1, 1, rows or 1, 1] and frequencies [lanes / 2]), its output
+    replacing every read of the node's attention output. The node goes too: dead-code elimination
+    keeps the SDPA ops that may draw random numbers for dropout (the mask's broadcast copies it
+    leaves to it)."""
     g, get = edit.graph, edit.get
     with g.inserting_before(m.node):
         q = get(m.q) if m.q_shape is None else edit.shaped(get(m.q), graph.val(m.q), list(m.q_shape))
