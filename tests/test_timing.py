@@ -81,9 +81,40 @@ def test_weight_streams_up_to_half_a_millisecond_are_timed_in_graphs(monkeypatch
              (0.600, 2000 * mb, False))  # over STREAM_MS: launches
     monkeypatch.setattr(timing, "copy_bandwidth_gbps", lambda: gbps)
     for launched_ms, nbytes, in_graphs in cases:
-        monkeypatch.setattr(candidate, "timed_runs", lambda fn, runs, t=launched_ms: [t] * runs)
+        monkeypatch.setattr(candidate, "covered_runs", lambda fn, runs, t=launched_ms: [t] * runs)
         monkeypatch.setattr(candidate, "nbytes", lambda args, n=nbytes: n)
         assert candidate.small(lambda: None, ()) is in_graphs, (launched_ms, nbytes)
+
+
+def test_how_a_kernel_is_timed_is_decided_without_the_hosts_time(monkeypatch):
+    # each timed launch: the flush, then a spin that keeps the GPU busy while the host launches the
+    # kernel, and only then the start event (a slow host cannot leave the GPU idle inside the timing)
+    import torch
+
+    from tritune.tuner import timing
+
+    order = []
+
+    class Event:
+        def __init__(self, enable_timing):
+            pass
+
+        def record(self):
+            order.append("event")
+
+        def elapsed_time(self, other):
+            return 0.004
+
+    class Flush:
+        def zero_(self):
+            order.append("flush")
+    monkeypatch.setattr(timing, "_flush_buffer", lambda: Flush())
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: order.append(f"spin {cycles}"), raising=False)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    assert timing.covered_runs(lambda: order.append("kernel"), 2) == [0.004, 0.004]
+    spin = f"spin {timing.HOST_COVER_CYCLES}"
+    assert order == ["flush", spin, "event", "kernel", "event"] * 2
 
 
 def test_busy_time_counts_overlaps_once():

@@ -16,6 +16,7 @@ from tritune.tuner.timing import (
     LOSER,
     Timing,
     copy_bandwidth_gbps,
+    covered_runs,
     graph_candidate,
     graph_timed,
     in_turns,
@@ -23,7 +24,6 @@ from tritune.tuner.timing import (
     operand_sets,
     time_candidate,
     time_fn,
-    timed_runs,
 )
 
 
@@ -95,9 +95,10 @@ def _workload(expr: Any, seed: int) -> tuple[Any, Any]:
 
 
 def small(kernel: Callable[..., Any], args: tuple) -> bool:
-    """Whether `kernel(*args)` (fastest of three launches, L2 flushed) is timed without the host
-    and the flush, as CUDA-graph replays (`timing.graph_timed`, `timing.graph_candidate`)."""
-    return graph_timed(min(timed_runs(lambda: kernel(*args), 3)), nbytes(args))
+    """Whether `kernel(*args)` (fastest of three launches, L2 flushed, the host's time kept out:
+    `timing.covered_runs`) is timed without the host and the flush, as CUDA-graph replays
+    (`timing.graph_timed`, `timing.graph_candidate`)."""
+    return graph_timed(min(covered_runs(lambda: kernel(*args), 3)), nbytes(args))
 
 
 def nbytes(args: Any) -> int:
