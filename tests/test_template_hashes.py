@@ -14,7 +14,7 @@ PINNED = {
     "layernorm": "2fe8777c40f74a89",
     "gated": "8dcb5edf40973cac",
     "wide": "ba8eab93d31654b4",
-    "attention": "a46f10981a7b41c6",
+    "attention": "383e26cc7fceacdc",
 }
 
 

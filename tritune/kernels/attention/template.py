@@ -62,7 +62,7 @@ def _sincos(x):
     # sin and cos of fp32 angles, within 1e-7 of float64's up to |x| ~ 4096 (1e-6 at 1e5): x reduced
     # to [-pi/4, pi/4] by its quadrant k (pi/2 in three parts, the first two short enough that their
     # products with k are exact), then Taylor polynomials, swapped and negated by k mod 4. The
-    # library's sin and cos carry a slow path for huge arguments that costs every call.
+    # library's sin and cos (exact for any argument) made a decode site's kernel 2.8 us slower.
     k = tl.floor(x * 0.6366197723675814 + 0.5)
     r = ((x - k * 1.5703125) - k * 0.0004837512969970703) - k * 7.549790126404332e-08
     r2 = r * r
