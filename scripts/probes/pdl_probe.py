@@ -6,10 +6,13 @@ kernel prefetches its weight slice into L2, waits for the previous kernel (`gdc_
 next one start (`gdc_launch_dependents`). Also reports whether torch's Inductor has `enable_pdl`.
 
     python -m scripts.probes.pdl_probe [--model]
-    python -m scripts.probes.pdl_probe --db TUNED.db --models llama,gpt2 [--batch 16]   (the backend's early launches)
+    python -m scripts.probes.pdl_probe --db TUNED.db --models llama,gpt2 [--batch 16] [--force-pdl 1,2:128,2:128:last]
+        (the backend's early launches: as tuned, none, every contraction at the PDL values given)
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import sys
 
 SOURCE = '''
@@ -111,9 +114,10 @@ def inductor_pdl() -> None:
                   f"GPU {gpu_ms_per_call(fn):.4f} ms", flush=True)
 
 
-def tuned_pdl(db: str, models: list[str], rounds: int = 10, batch: int = 16) -> None:
+def tuned_pdl(db: str, models: list[str], rounds: int = 10, batch: int = 16, forced: tuple[str, ...] = ()) -> None:
     """Zoo decoders at decode compiled by the tritune backend in its CUDA-graph mode from a tuned
-    database, two ways: sites launched as tuned (`early_launch=True`) and none early (False).
+    database, two ways: sites launched as tuned (`early_launch=True`) and none early (False); and
+    for each way in `forced` (`_sites_at_pdl`), every contraction site launched that way.
     Timed in turns: ms per step of steps back to back (GPU-bound when the GPU's step is longer
     than the host's); then per way, under the profiler, the sum of kernel times, the GPU's busy
     time and the span of a step, and one step's timeline (each kernel's start, length, and the
@@ -133,18 +137,58 @@ def tuned_pdl(db: str, models: list[str], rounds: int = 10, batch: int = 16) -> 
         model = factory().cuda().half().eval()
         x = torch.randn(batch, 1, hidden, device="cuda", dtype=torch.float16)
         fns = {}
-        for early in (True, False):
+        for way, early, pdl in [("early=True", True, None), ("early=False", False, None),
+                                *((f"every contraction PDL={p}", True, p) for p in forced)]:
             torch._dynamo.reset()
-            with torch.no_grad():
+            with torch.no_grad(), _sites_at_pdl(pdl):
                 backend = tritune.compiler(db, mode="reduce-overhead", early_launch=early)
-                fns[f"early={early}"] = step_caller(torch.compile(model, backend=backend), [x], True)
+                fns[way] = step_caller(torch.compile(model, backend=backend), [x], True)
                 for _ in range(3):
-                    fns[f"early={early}"]()
+                    fns[way]()
         with torch.no_grad():
             times = in_turns(fns, per_call_ms, rounds)
             for way, fn in fns.items():
                 print(f"{name} decode {batch}, tritune-ro {way}: steps back to back "
                       f"{statistics.median(times[way]) * 1e3:.1f} us; " + timeline(fn), flush=True)
+
+
+@contextlib.contextmanager
+def _sites_at_pdl(way: str | None):
+    """While compiling: every contraction site's tuned config launched as `way` says (None: as
+    tuned): "P" (PDL=P), "2:K" (PDL=2, its prefetch reaching K elements along K) or "2:K:last"
+    (the same, asking the L2 to keep the prefetched lines: `evict_last`)."""
+    from tritune.kernels.contraction import launch
+    from tritune.kernels.contraction import template as contraction
+    from tritune.kernels.frontend import compiler
+    from tritune.kernels.gated import launch as gated_launch
+    from tritune.kernels.gated import template as gated
+
+    saved = compiler.rewrite, launch.pdl_constexprs, contraction._TEMPLATE, gated._TEMPLATE
+    pdl, reach, last = ([*way.split(":"), "", ""][:3]) if way else (None, "", "")
+
+    def forced(gm, hits, *args):
+        def at(spec: str) -> str:
+            data = json.loads(spec)
+            if data["expr"].get("op") != "attention":  # PDL_K and EVICT_LAST only set the sites apart
+                data["config"].update(PDL=int(pdl), PDL_K=int(reach or 0), EVICT_LAST=int(bool(last)))
+            return json.dumps(data, sort_keys=True, separators=(",", ":"))
+        return saved[0](gm, [(m, at(spec)) for m, spec in hits], *args)
+
+    def constexprs(config):
+        found = saved[1](config)
+        return {**found, "PDL_K": config.get("PDL_K") or found["PDL_K"]} if found["PDL"] == 2 else found
+
+    if way:
+        compiler.rewrite = forced
+        launch.pdl_constexprs = gated_launch.pdl_constexprs = constexprs
+        if last:
+            hint = ("prefetch.global.L2 [$1];", "prefetch.global.L2::evict_last [$1];")
+            contraction._TEMPLATE, gated._TEMPLATE = (t.replace(*hint) for t in saved[2:])
+    try:
+        yield
+    finally:
+        compiler.rewrite, launch.pdl_constexprs, contraction._TEMPLATE, gated._TEMPLATE = saved
+        gated_launch.pdl_constexprs = saved[1]
 
 
 def timeline(fn, calls: int = 20) -> str:
@@ -169,7 +213,9 @@ def timeline(fn, calls: int = 20) -> str:
 if __name__ == "__main__":
     if "--db" in sys.argv:
         tuned_pdl(sys.argv[sys.argv.index("--db") + 1], sys.argv[sys.argv.index("--models") + 1].split(","),
-                  batch=int(sys.argv[sys.argv.index("--batch") + 1]) if "--batch" in sys.argv else 16)
+                  batch=int(sys.argv[sys.argv.index("--batch") + 1]) if "--batch" in sys.argv else 16,
+                  forced=tuple(sys.argv[sys.argv.index("--force-pdl") + 1].split(","))
+                  if "--force-pdl" in sys.argv else ())
         sys.exit(0)
     main()
     if "--model" in sys.argv:
