@@ -78,3 +78,25 @@ def test_deep_pipelines_build_for_sm90_with_the_shared_estimate_exact():
         extra = 4096 if getattr(expr, "norm_eps", None) else 256
         assert 0 <= built["shared"] - shared_estimate(config, 2, b_tiles) <= extra, expr.describe()
         assert built["shared"] <= H100.shared_bytes
+
+
+def test_a_search_resumed_without_the_switch_learns_from_deep_trials_and_proposes_within_its_space():
+    # trials stored by a run with deep pipelines (the fastest among them) are outside the plain
+    # space: the model learns from them, but annealing neither starts from them nor walks around them
+    import numpy as np
+
+    from tritune.kernels.family import family
+    from tritune.records.result import MeasureResult, Status
+    from tritune.search import make_strategy
+
+    fam, expr = family("matmul"), Matmul(16, 2048, 5632, trans_b=True)
+    deep, plain = fam.space(expr, DEEP), fam.space(expr, H100)
+    deepest = [c for c in (deep.config(int(i)) for i in deep.valid_indices) if c["num_stages"] == 12][:3]
+    sample = plain.sample(np.random.default_rng(0), 10)
+    results = [MeasureResult(c, Status.OK, 0.01, 0.01, 0.01, 0.01) for c in deepest]
+    results += [MeasureResult(c, Status.OK, 0.02, 0.02, 0.02 + i / 1000, 0.02) for i, c in enumerate(sample)]
+    strategy = make_strategy("sa", plain, seed=0, features=lambda cs: fam.features(expr, H100, cs))
+    strategy.update(results)
+    proposed = strategy.propose(16)
+    assert len(proposed) == 16 and all(plain.in_product(c) and plain.valid(c) for c in proposed)
+    assert not deepest[0] in proposed and not plain.in_product(deepest[0])

@@ -244,7 +244,7 @@ class Space:
 
     def _draw(self, rng: np.random.Generator, indices: np.ndarray, n: int, exclude: Iterable[Config]) -> list[Config]:
         """Up to n distinct configs of sorted valid `indices`, drawn uniformly, none in `exclude`."""
-        excluded = {self.index(c) for c in exclude if self._in_product(c)}
+        excluded = {self.index(c) for c in exclude if self.in_product(c)}
         pool = np.setdiff1d(indices, np.fromiter(excluded, dtype=np.int64), assume_unique=True)
         picks = rng.choice(pool, size=min(n, len(pool)), replace=False)
         return [self.config(int(i)) for i in picks]
@@ -258,5 +258,7 @@ class Space:
                  for pos, value in enumerate(knob.values) if value != config[knob.name])
         return list(dict.fromkeys(m for m in moves if m is not None))
 
-    def _in_product(self, config: Config) -> bool:
+    def in_product(self, config: Config) -> bool:
+        """Whether every knob of the space has one of its values in `config` (a stored config of a
+        space with other values, say deeper pipelines, may not)."""
         return all(k.name in config and config[k.name] in k.values for k in self.knobs)

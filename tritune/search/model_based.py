@@ -158,7 +158,9 @@ class ModelBasedStrategy(Strategy):
         return np.asarray(self.model.predict(self._rows(configs), base_margin=self._margin(configs)), dtype=np.float64)
 
     def _best(self, k: int) -> list[Config]:
-        ok = sorted((r for r in self.results if r.ok), key=lambda r: r.t_median)
+        """The k fastest measured configs that this space holds (annealing starts from them and
+        explores their neighbours; a stored config of a wider space, resumed, is only learnt from)."""
+        ok = sorted((r for r in self.results if r.ok and self.space.in_product(r.config)), key=lambda r: r.t_median)
         return [r.config for r in ok[:k]]
 
 
