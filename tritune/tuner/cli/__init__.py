@@ -23,21 +23,11 @@ from tritune.search import REGISTRY
 from tritune.settings import SETTINGS
 from tritune.tuner import breakdown
 from tritune.tuner.cli import inputs, paths
-from tritune.tuner.cli.inputs import EXIT_USAGE, UsageError, cluster_options, make_expr
+from tritune.tuner.cli.inputs import EXIT_NO_GPU, EXIT_USAGE, UsageError, cluster_options, make_expr
+from tritune.tuner.cli.paths import db_option, open_db
 
-EXIT_NO_GPU = 3
 EXIT_SIGINT, EXIT_SIGTERM = 130, 143  # 128 + the signal, as shells report them
 STORED = "every measured trial is stored, a rerun resumes"
-
-
-def open_db(path: str | None, must_exist: bool = False) -> Database:
-    """Open the tuning database (read-only where it `must_exist`: for the commands that only read),
-    turning any failure into one line."""
-    target = Path(path) if path else SETTINGS.db_path
-    try:
-        return Database.open_existing(target) if must_exist else Database(target)
-    except DatabaseError as exc:
-        raise UsageError(str(exc)) from None
 
 
 @contextmanager
@@ -106,7 +96,6 @@ def cli() -> None:
     """tritune: autotune Triton kernels, store the best configs, replay them."""
 
 
-db_option = click.option("--db", "db_path", default=None, callback=paths.database, help=f"tuning database [default: $TRITUNE_DB or {SETTINGS.db_path}]")
 
 
 @cli.command(epilog=inputs.ops_help())
@@ -361,7 +350,6 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
-# the `recording` group lives in its own module; it reads open_db and db_option from this one
 from tritune.tuner.cli.recording import recording  # noqa: E402
 
 cli.add_command(recording)

@@ -12,6 +12,7 @@ from tritune.kernels.family import expr_from_dict, family, ops, parse_expr
 from tritune.search import REGISTRY
 
 EXIT_USAGE = 2
+EXIT_NO_GPU = 3
 
 
 class UsageError(click.ClickException):

@@ -1,6 +1,7 @@
 """Path options checked as click parses them (option callbacks), so a path that cannot be used is
 one line before any work starts: a file a command will write, a folder it will fill, the folder of
-a `--db` named on the command line (never created: a typo must not make directories)."""
+a `--db` named on the command line (never created: a typo must not make directories); and the
+database a command opens (`open_db`: a failure is one line too)."""
 from __future__ import annotations
 
 import tempfile
@@ -8,6 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import click
+
+from tritune.records.database import Database, DatabaseError
+from tritune.settings import SETTINGS
+from tritune.tuner.cli.inputs import UsageError
 
 
 def output_file(ctx: Any, param: Any, value: str | None) -> str | None:
@@ -59,3 +64,16 @@ def _folder(path: Path) -> None:
         raise click.BadParameter(f"no directory {path}")
     if not path.is_dir():
         raise click.BadParameter(f"{path} is not a directory")
+
+
+def open_db(path: str | None, must_exist: bool = False) -> Database:
+    """Open the tuning database (read-only where it `must_exist`: for the commands that only read),
+    turning any failure into one line."""
+    target = Path(path) if path else SETTINGS.db_path
+    try:
+        return Database.open_existing(target) if must_exist else Database(target)
+    except DatabaseError as exc:
+        raise UsageError(str(exc)) from None
+
+
+db_option = click.option("--db", "db_path", default=None, callback=database, help=f"tuning database [default: $TRITUNE_DB or {SETTINGS.db_path}]")

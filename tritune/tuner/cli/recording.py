@@ -11,8 +11,9 @@ import click
 from tritune.kernels.expr import DTYPES
 from tritune.kernels.faults import FAULTS
 from tritune.kernels.family import ops
-from tritune.tuner.cli import EXIT_NO_GPU, db_option, inputs, open_db, paths
-from tritune.tuner.cli.inputs import UsageError, make_expr
+from tritune.tuner.cli import inputs, paths
+from tritune.tuner.cli.inputs import EXIT_NO_GPU, UsageError, make_expr
+from tritune.tuner.cli.paths import db_option, open_db
 
 @click.group()
 def recording() -> None:
