@@ -107,7 +107,7 @@ def test_a_refused_write_stops_the_run_with_one_line_and_keeps_what_was_stored(
             pages = self._db.execute("PRAGMA page_count").fetchone()[0]
             self._db.execute(refuse.format(pages=pages + 1))
 
-    monkeypatch.setattr("tritune.tuner.cli.Database", Refusing)
+    monkeypatch.setattr("tritune.tuner.cli.paths.Database", Refusing)  # what open_db opens
     with pytest.raises(SystemExit) as info:
         main([*tune(400), "--db", str(db_path)])
     err = capsys.readouterr().err.strip().splitlines()
