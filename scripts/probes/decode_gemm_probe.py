@@ -95,7 +95,7 @@ def grid_sample(space, grid: str) -> list:
     return [c for c in configs if space.valid(c)]
 
 
-def probe(expr, configs: int, builder: Builder, info: dict, grid: str | None = None) -> dict:
+def probe(expr, configs: int, builder: Builder, info: dict, grid: str | None = None, alternatives: bool = True) -> dict:
     task = device_task(expr, info)
     sample = grid_sample(task.space, grid) if grid else task.space.sample(np.random.default_rng(0), configs)
     futures = builder.submit(expr, task.family.canonical_problem(expr), sample)
@@ -116,8 +116,8 @@ def probe(expr, configs: int, builder: Builder, info: dict, grid: str | None = N
     for config, ms in rows:
         for knob, value in config.items():
             by_knob[knob].setdefault(str(value), round(pct(ms), 1))
-    h2h = head_to_head(expr, rows[0][0], 0)
-    read_ms = read_ceiling_ms(weight)
+    h2h = head_to_head(expr, rows[0][0], 0) if alternatives else {"ours_ms": rows[0][1], "alternatives": {}}
+    read_ms = read_ceiling_ms(weight) if alternatives else float("nan")
     return {"shape": expr.describe(), "weight_mb": weight / 1e6, "built_ok": len(rows), "best_ms": rows[0][1],
             "best_pct": pct(rows[0][1]), "best": dict(rows[0][0]), "top5": [(dict(c), ms) for c, ms in rows[:5]], "by_knob": by_knob,
             "head_to_head": h2h, "read_ceiling_ms": read_ms, "read_ceiling_pct": pct(read_ms)}
@@ -132,6 +132,7 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--grid", help="measure this grid of the space instead of a random sample, e.g. "
                    "'BLOCK_M=16;BLOCK_N=32,64;SPLIT_K=1,2,4' (knobs left out take their first value)")
+    p.add_argument("--kernels-only", action="store_true", help="no head-to-head and no read ceiling: the sample only")
     args = p.parse_args()
     info = device_info()
     builder = Builder(device_target(info), device_limits(info).shared_bytes)
@@ -139,7 +140,7 @@ def main() -> None:
     try:
         exprs = [parse_expr("matmul", shape, args.dtype) for shape in args.shape]
         for expr in exprs + [expr_from_dict(json.loads(w)) for w in args.workload]:
-            r = probe(expr, args.configs, builder, info, args.grid)
+            r = probe(expr, args.configs, builder, info, args.grid, not args.kernels_only)
             shape = r["shape"]
             results.append(r)
             h = r["head_to_head"]

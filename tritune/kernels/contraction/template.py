@@ -139,12 +139,13 @@ def _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
 {norm_done}    return acc{norm_returned}
 
 
+{early_helper}
 @triton.jit
-def _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,{finish_params}
+def _finish(acc, C, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn,{finish_params}
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-{bias_load}{epilogue}
+{epilogue}
     if TMA == 2:
         # the TMA unit writes the tile (clipped at the edges) while the program moves on
         c_desc = tl.make_tensor_descriptor(C + batch * stride_cb, shape=[M, N], strides=[stride_cm, 1],
@@ -209,10 +210,10 @@ def {name}(
         for t in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=PERSISTENT == 2,
                           warp_specialize=WARP_SPEC):
             pid_m, pid_n = _tile_of(t, grid_m, grid_n, GROUP_M)
-            acc{norm_returned} = _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, 0, k_iters, M, N, K,
+{early_persistent}            acc{norm_returned} = _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, 0, k_iters, M, N, K,
                             stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
                             BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K, DOT_PRECISION, TMA, 0, 0{norm_arg})
-{norm_scale_persistent}            _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,{finish_args}
+{norm_scale_persistent}            _finish(acc, C, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn,{finish_args}
                     BLOCK_M, BLOCK_N, TMA)
     else:
         pid_m, pid_n = _tile_of(tl.program_id(0), grid_m, grid_n, GROUP_M)
@@ -220,28 +221,69 @@ def {name}(
         per_split = tl.cdiv(k_iters, SPLIT_K)
         k_lo = split * per_split
         k_hi = tl.minimum(k_lo + per_split, k_iters)
-        acc{norm_returned} = _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
+{early}        acc{norm_returned} = _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
                         stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
                         BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K, DOT_PRECISION, TMA, WARP_SPEC, GEMV{norm_arg})
 {norm_scale}        if SPLIT_K > 1:
             slot = tl.program_id(1) * tiles + tl.program_id(0)
             acc, last = _split_fixup(acc, WS, LOCKS, slot, split, BLOCK_M, BLOCK_N, SPLIT_K)
             if last:
-                _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,{finish_args}
+                _finish(acc, C, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn,{finish_args}
                         BLOCK_M, BLOCK_N, TMA)
         else:
-            _finish(acc, C, BIAS, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn, stride_bias,{finish_args}
+            _finish(acc, C, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn,{finish_args}
                     BLOCK_M, BLOCK_N, TMA)
 '''
 
-# Extra epilogue inputs, loaded in _finish as fp32 tiles that broadcast against acc: a residual
-# tile (masked at the edges), or a vector over the tile's rows or columns.
+# The epilogue's bias and extra inputs are loaded before the K loop (`_epilogue_loads`), so that
+# their latency hides behind the weight stream instead of following its last step: a skinny GEMM
+# runs for a few microseconds, and one more dependent trip to memory at its end is a sizeable
+# share. They stay in their stored dtype until _finish uses them (a conversion next to the load
+# would wait for it there). A residual tile is masked at the edges; a vector runs over the tile's
+# rows or columns.
 _INPUT_LOADS = {
     "mn": "tl.load(E{i} + batch * stride_e{i}b + offs_m[:, None] * stride_e{i}m + offs_n[None, :] * stride_e{i}n, "
-          "mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0.0).to(tl.float32)",
-    "m": "tl.load(E{i} + offs_m * stride_e{i}m, mask=offs_m < M, other=0.0).to(tl.float32)[:, None]",
-    "n": "tl.load(E{i} + offs_n * stride_e{i}n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]",
+          "mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), other=0.0)",
+    "m": "tl.load(E{i} + offs_m * stride_e{i}m, mask=offs_m < M, other=0.0)",
+    "n": "tl.load(E{i} + offs_n * stride_e{i}n, mask=offs_n < N, other=0.0)",
 }
+# each loaded input in _finish: an fp32 tile that broadcasts against acc
+_INPUT_USES = {"mn": "e{i}.to(tl.float32)", "m": "e{i}.to(tl.float32)[:, None]", "n": "e{i}.to(tl.float32)[None, :]"}
+_EARLY = '''
+@triton.jit
+def _epilogue_loads(BIAS, batch, pid_m, pid_n, M, N, stride_bias,{inputs}
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+{loads}    return {names}
+'''
+
+
+def _early_names(expr: Matmul) -> tuple[str, ...]:
+    """What `_epilogue_loads` returns and `_finish` takes: the bias's tile, then each extra input's."""
+    return (("bias",) if expr.has_bias else ()) + tuple(f"e{i}" for i in range(len(expr.inputs)))
+
+
+def early_loads(expr: Matmul, indent: str, bias: str = "BIAS, batch", stride_bias: str = "stride_bias") -> tuple[str, str]:
+    """The statement at `indent` loading the epilogue's operands of the tile (pid_m, pid_n) before
+    its K loop, and what _finish then takes after its strides; `bias`: the bias pointer and the
+    batch entry, as the kernel names them. Both empty where the epilogue has neither."""
+    names = _early_names(expr)
+    if not names:
+        return "", ""
+    inputs = "".join(f" E{i}," for i in range(len(expr.inputs))) + "".join(f" {n}," for n in input_int_names(expr))
+    call = f"{indent}{', '.join(names)} = _epilogue_loads({bias}, pid_m, pid_n, M, N, {stride_bias},{inputs} BLOCK_M, BLOCK_N)\n"
+    return call, "".join(f" {n}," for n in names)
+
+
+def _early_helper(expr: Matmul) -> str:
+    names = _early_names(expr)
+    if not names:
+        return ""
+    loads = "    bias = tl.load(BIAS + offs_n * stride_bias, mask=offs_n < N, other=0.0)\n" if expr.has_bias else ""
+    loads += "".join(f"    e{i} = {_INPUT_LOADS[inp.shape].format(i=i)}\n" for i, inp in enumerate(expr.inputs))
+    inputs = "".join(f" E{i}," for i in range(len(expr.inputs))) + "".join(f" {n}," for n in input_int_names(expr))
+    return _EARLY.format(inputs=inputs, loads=loads, names=", ".join(names))
 
 
 def input_int_names(expr: Matmul) -> tuple[str, ...]:
@@ -250,7 +292,6 @@ def input_int_names(expr: Matmul) -> tuple[str, ...]:
     return tuple(f"stride_e{i}{d}" for i, inp in enumerate(expr.inputs) for d in ("bmn" if inp.shape == "mn" else inp.shape))
 
 
-_BIAS_LOAD = "    bias = tl.load(BIAS + offs_n * stride_bias, mask=offs_n < N, other=0.0).to(tl.float32)\n"
 # Tensor descriptors over each operand as stored ([M, K] or, transposed, [K, M]); the unit
 # stride is the last one, as TMA requires; transposed tiles are flipped after the load.
 _DESC = "        {x}_desc = tl.make_tensor_descriptor({X} + batch * stride_{x}b, shape=[{d0}, {d1}], " \
@@ -285,15 +326,15 @@ def source(expr: Matmul, specialize: bool = False) -> str:
     """The Triton source of the kernel computing `expr`; `specialize`: its sizes and strides are
     constexprs (one binary per shape, launched with pointers only: what a compiled model replays)."""
     descs, loads = _tma(expr)
-    pointers = "".join(f" E{i}," for i in range(len(expr.inputs)))
-    strides = "".join(f" {name}," for name in input_int_names(expr))
+    early, finish_args = early_loads(expr, " " * 8)
+    cast = "    bias = bias.to(tl.float32)\n" if expr.has_bias else ""
     return _TEMPLATE.format(
-        input_pointers=pointers, int_params=int_params(expr, specialize), finish_params=pointers + strides,
-        finish_args=pointers + strides,
+        input_pointers="".join(f" E{i}," for i in range(len(expr.inputs))), int_params=int_params(expr, specialize),
+        finish_params=finish_args, finish_args=finish_args, early=early,
+        early_persistent=early_loads(expr, " " * 12)[0], early_helper=_early_helper(expr),
         name=KERNEL_NAME,
         description=expr.describe().replace(f" {expr.dtype}", ""),
-        bias_load=_BIAS_LOAD if expr.has_bias else "",
-        epilogue=epilogue_source(expr.epilogue, "    ", lambda i, inp: _INPUT_LOADS[inp.shape].format(i=i)),
+        epilogue=cast + epilogue_source(expr.epilogue, "    ", lambda i, inp: _INPUT_USES[inp.shape].format(i=i)),
         tma_descriptors=descs.rstrip("\n"),
         tma_loads=loads.rstrip("\n"),
         pdl_wait=PDL_WAIT, trans_b=expr.trans_b,

@@ -73,7 +73,7 @@ def {name}(
     if PDL == 2:
         _prefetch_weights(W1, pid_n, k_lo, N, K, stride_wk, stride_wn, BLOCK_N, BLOCK_K, PDL_K, {trans_b})
         _prefetch_weights(W2, pid_n, k_lo, N, K, stride_wk, stride_wn, BLOCK_N, BLOCK_K, PDL_K, {trans_b})
-{pdl_wait}    # rows/columns past the edge wrap onto valid ones, so the K loop needs no M/N masks; the
+{pdl_wait}{bias_loads}    # rows/columns past the edge wrap onto valid ones, so the K loop needs no M/N masks; the
     # store is masked, so the duplicates are never written
     x_ptrs = X + (offs_m % M)[:, None] * stride_xm + k_first[None, :] * stride_xk
     w_offs = k_first[:, None] * stride_wk + (offs_n % N)[None, :] * stride_wn
@@ -131,8 +131,13 @@ def {name}(
         tl.store(c_ptrs, (g * u).to(C.dtype.element_ty), mask=mask)
 '''
 
-_BIAS = ("        g += tl.load(B1 + offs_n * stride_b, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]\n"
-         "        u += tl.load(B2 + offs_n * stride_b, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]\n")
+# the biases are loaded before the K loop, so that their latency hides behind it rather than
+# following its last step; they are converted where they are used (a conversion next to the
+# load would wait for it there)
+_BIAS_LOADS = ("    b1 = tl.load(B1 + offs_n * stride_b, mask=offs_n < N, other=0.0)\n"
+               "    b2 = tl.load(B2 + offs_n * stride_b, mask=offs_n < N, other=0.0)\n")
+_BIAS = ("        g += b1.to(tl.float32)[None, :]\n"
+         "        u += b2.to(tl.float32)[None, :]\n")
 
 
 # Loads of the weight tiles through their descriptors: [N, K] tiles flipped, or [K, N]
@@ -149,6 +154,7 @@ def source(expr: Gated, specialize: bool = False) -> str:
     w_descs = "\n".join("        " + weight_descriptor(expr.trans_b, f"W{i}", f"w{i}_desc") for i in (1, 2))
     w_loads = "\n".join(_W_LOAD[expr.trans_b].format(i=i) for i in (1, 2))
     return _TEMPLATE.format(name=KERNEL_NAME, description=expr.describe(), bias=_BIAS if expr.bias else "",
+                            bias_loads=_BIAS_LOADS if expr.bias else "",
                             w_descs=w_descs, w_loads=w_loads, pdl_wait=PDL_WAIT, trans_b=expr.trans_b,
                             int_params="    " + " ".join(f"{n}{kind}," for n in INT_NAMES),
                             activation="".join(f"        {line}\n" for line in emit.lines),
