@@ -70,3 +70,25 @@ def test_unknown_strategy_names_the_known_ones():
         _make("annealing-by-hand", SPACE)
     with pytest.raises(ValueError, match="features"):
         _make("sa", SPACE)
+
+
+def test_a_search_resumed_from_trials_outside_its_space_learns_from_them_and_proposes_within_it():
+    # stored trials whose configs the space does not hold (another run's knob values, e.g. a deeper
+    # pipeline; the fastest among them): the model learns from them, but annealing neither starts
+    # from them nor walks around them
+    import numpy as np
+
+    from tritune.kernels.family import family
+    from tritune.schedules.config import Config
+
+    fam, expr = family("matmul"), Matmul(16, 2048, 5632, trans_b=True)
+    plain = fam.space(expr, H100)
+    sample = plain.sample(np.random.default_rng(0), 13)
+    outside = [Config.of(dict(c), num_stages=12) for c in sample[:3]]
+    results = [MeasureResult(c, Status.OK, 0.01, 0.01, 0.01, 0.01) for c in outside]
+    results += [MeasureResult(c, Status.OK, 0.02, 0.02, 0.02 + i / 1000, 0.02) for i, c in enumerate(sample[3:])]
+    strategy = _make("sa", plain, seed=0, features=lambda cs: fam.features(expr, H100, cs))
+    strategy.update(results)
+    proposed = strategy.propose(16)
+    assert len(proposed) == 16 and all(plain.in_product(c) and plain.valid(c) for c in proposed)
+    assert not plain.in_product(outside[0]) and outside[0] not in proposed

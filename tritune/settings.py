@@ -24,25 +24,20 @@ class Settings:
     # asked for, since it did not pay in whole decode steps (BENCHMARKS.md) while a candidate timed
     # back to back with itself overlaps its own next launch, which a model's step never gives it
     pdl: bool = False
-    # whether the GEMM spaces of weight-streaming workloads (decode's few rows) offer pipelines
-    # deeper than six stages (`schedules.contraction.DEEP_STAGES`): off unless asked for, until
-    # a GPU has measured them
-    deep_stages: bool = False
     # whether a tuning run may start its search on the device facts the CUDA driver gives (read
     # without torch) while its GPU worker starts, which then checks them
     early_start: bool = True
 
     @classmethod
     def from_env(cls) -> "Settings":
-        """Read TRITUNE_DB, TRITUNE_CACHE_DIR, TRITON_INTERPRET, TRITUNE_FAKE_GPU, TRITUNE_PDL,
-        TRITUNE_DEEP_STAGES and TRITUNE_EARLY_START once."""
+        """Read TRITUNE_DB, TRITUNE_CACHE_DIR, TRITON_INTERPRET, TRITUNE_FAKE_GPU, TRITUNE_PDL and
+        TRITUNE_EARLY_START once."""
         cache = Path(os.environ.get("TRITUNE_CACHE_DIR") or _cache_home())
         db = Path(os.environ.get("TRITUNE_DB") or cache / "tuning.db")
         interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
         return cls(db_path=db.expanduser(), kernel_dir=cache.expanduser() / "kernels", interpret=interpret,
                    fake_gpu=os.environ.get("TRITUNE_FAKE_GPU") or None,
                    pdl=os.environ.get("TRITUNE_PDL", "0") not in ("", "0"),
-                   deep_stages=os.environ.get("TRITUNE_DEEP_STAGES", "0") not in ("", "0"),
                    early_start=os.environ.get("TRITUNE_EARLY_START", "1") not in ("", "0"))
 
 

@@ -51,12 +51,6 @@ GEMV_MAX_REGS = 64
 # budgets: two warps, BLOCK_K >= 128 and five or six stages together.
 STREAM_MAX_ROWS = 64
 STREAM_TILES = ((32, 256), (32, 128), (16, 256), (16, 128))  # (BLOCK_N, BLOCK_K), each at its deepest pipeline
-# With `Limits.deep_stages` (TRITUNE_DEEP_STAGES=1), a weight-streaming space's pipelines reach
-# deeper: a stage of a 16-row tile is small (16 KB at 16 x 256 x 256 fp16 steps), so 12 fit in
-# shared memory, and a GEMM of 8-46 MB at 16 rows ran 2-3 us slower than a kernel that only reads
-# its weight (BLOCK_K x BLOCK_N x stages is what each SM keeps in flight). Not measured yet.
-PLAIN_STAGES = dict((k.name, k.values) for k in KNOBS)["num_stages"]
-DEEP_STAGES = Knob("num_stages", (*PLAIN_STAGES, 8, 10, 12))
 WARPS = dict((k.name, k.values) for k in KNOBS)["num_warps"]
 MAX_BLOCK_K = max(dict((k.name, k.values) for k in KNOBS)["BLOCK_K"])
 # Splitting K pays only while the grid is short of this many waves; the next-smaller split must
@@ -156,8 +150,6 @@ def contraction_space(m: int, n: int, k: int, element_bytes: int, limits: Limits
     p = _Problem(m, n, k, element_bytes, batch, limits, b_tiles=b_tiles, norm=norm, k_last=k_last,
                  prologue=prologue or norm)
     knobs = KNOBS + EXTENSIONS + ((PDL,) if limits.pdl else ())
-    if limits.deep_stages and GEMV_MAX_ROWS < m <= STREAM_MAX_ROWS:
-        knobs = tuple(DEEP_STAGES if k.name == "num_stages" else k for k in knobs)
     if m <= GEMV_MAX_ROWS:
         rows = _pow2_ceil(m)
         columns = (*GEMV_COLUMNS, *KNOBS[1].values) if k_last else KNOBS[1].values
@@ -293,8 +285,6 @@ class _Problem:
             return "GROUP_M spans every row of tiles twice over"
         if c["UNROLL"] > _trips(self, c):
             return "unroll factor exceeds the K-loop trip count"
-        if c["num_stages"] > max(PLAIN_STAGES[-1], _trips(self, c)):
-            return "a pipeline deeper than the K loop's trip count buffers nothing more"
         return None
 
     @reads("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "UNROLL", "SPLIT_K")

@@ -42,7 +42,6 @@ class Limits:
     shared_bytes: int
     sms: int
     pdl: bool = False  # programmatic dependent launch (Hopper and later, not the interpreter)
-    deep_stages: bool = False  # weight-streaming spaces offer pipelines deeper than six stages
     # (shared memory per block, opt-in maximum; SM count of the largest part) by compute
     # capability, for building without a GPU
     KNOWN = {(9, 0): (232448, 132), (8, 0): (166912, 108), (8, 6): (101376, 84), (8, 9): (101376, 128)}

@@ -61,9 +61,9 @@ def device_limits(info: dict) -> Limits:
     major, minor = (int(x) for x in info["capability"].split("."))
     known = Limits.for_capability(major, minor)
     # programmatic dependent launch where asked for (TRITUNE_PDL) and the GPU has it (the
-    # interpreter reports capability 0.0); deeper weight-streaming pipelines where asked for
+    # interpreter reports capability 0.0)
     return Limits(info["shared_bytes"] or known.shared_bytes, info["sms"] or known.sms,
-                  pdl=SETTINGS.pdl and major >= 9, deep_stages=SETTINGS.deep_stages)
+                  pdl=SETTINGS.pdl and major >= 9)
 
 
 def device_target(info: dict) -> Any:
