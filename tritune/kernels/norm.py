@@ -159,7 +159,7 @@ def _row_stats(X, pid_m, M, K, stride_xm, stride_xk, BLOCK_M: tl.constexpr, BLOC
     pivot = tl.load(X + rows * stride_xm).to(tl.float32)
     s1 = tl.zeros((BLOCK_M,), dtype=tl.float32)
     s2 = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k in tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=2):
+    for k in tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=4):
         ks = k * BLOCK_K + offs_k
         x = tl.load(X + rows[:, None] * stride_xm + ks[None, :] * stride_xk, mask=ks[None, :] < K, other=0.0)
         d = tl.where(ks[None, :] < K, x.to(tl.float32) - pivot[:, None], 0.0)

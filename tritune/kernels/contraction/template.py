@@ -213,7 +213,7 @@ def {name}(
 {early_persistent}            acc{norm_returned} = _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, 0, k_iters, M, N, K,
                             stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
                             BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K, DOT_PRECISION, TMA, 0, 0{norm_arg})
-{norm_scale_persistent}            _finish(acc, C, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn,{finish_args}
+{norm_scale_persistent}{late_persistent}            _finish(acc, C, batch, pid_m, pid_n, M, N, stride_cb, stride_cm, stride_cn,{finish_args}
                     BLOCK_M, BLOCK_N, TMA)
     else:
         pid_m, pid_n = _tile_of(tl.program_id(0), grid_m, grid_n, GROUP_M)
@@ -224,7 +224,7 @@ def {name}(
 {early}        acc{norm_returned} = _mainloop(A, B, a_desc, b_desc, batch, pid_m, pid_n, k_lo, k_hi, M, N, K,
                         stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
                         BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K, DOT_PRECISION, TMA, WARP_SPEC, GEMV{norm_arg})
-{norm_scale}        if SPLIT_K > 1:
+{norm_scale}{late}        if SPLIT_K > 1:
             slot = tl.program_id(1) * tiles + tl.program_id(0)
             acc, last = _split_fixup(acc, WS, LOCKS, slot, split, BLOCK_M, BLOCK_N, SPLIT_K)
             if last:
@@ -264,16 +264,23 @@ def _early_names(expr: Matmul) -> tuple[str, ...]:
     return (("bias",) if expr.has_bias else ()) + tuple(f"e{i}" for i in range(len(expr.inputs)))
 
 
-def early_loads(expr: Matmul, indent: str, bias: str = "BIAS, batch", stride_bias: str = "stride_bias") -> tuple[str, str]:
-    """The statement at `indent` loading the epilogue's operands of the tile (pid_m, pid_n) before
-    its K loop, and what _finish then takes after its strides; `bias`: the bias pointer and the
-    batch entry, as the kernel names them. Both empty where the epilogue has neither."""
+def early_loads(expr: Matmul, indent: str, bias: str = "BIAS, batch", stride_bias: str = "stride_bias",
+                warp_spec: bool = True) -> tuple[str, str, str]:
+    """The statements at `indent` loading the epilogue's operands of the tile (pid_m, pid_n) before
+    its K loop and, for a warp-specialised loop (`warp_spec`: the kernel has the knob), after it;
+    and what _finish then takes after its strides. `bias`: the bias pointer and the batch entry,
+    as the kernel names them. All empty where the epilogue has neither."""
     names = _early_names(expr)
     if not names:
-        return "", ""
+        return "", "", ""
     inputs = "".join(f" E{i}," for i in range(len(expr.inputs))) + "".join(f" {n}," for n in input_int_names(expr))
-    call = f"{indent}{', '.join(names)} = _epilogue_loads({bias}, pid_m, pid_n, M, N, {stride_bias},{inputs} BLOCK_M, BLOCK_N)\n"
-    return call, "".join(f" {n}," for n in names)
+    call = f"{', '.join(names)} = _epilogue_loads({bias}, pid_m, pid_n, M, N, {stride_bias},{inputs} BLOCK_M, BLOCK_N)\n"
+    if not warp_spec:
+        return indent + call, "", "".join(f" {n}," for n in names)
+    # values loaded before a warp-specialised loop and used after it came out wrong on the GPU
+    # (Triton's partitions): that loop's epilogue loads its operands after it
+    return (f"{indent}if not WARP_SPEC:\n{indent}    {call}", f"{indent}if WARP_SPEC:\n{indent}    {call}",
+            "".join(f" {n}," for n in names))
 
 
 def _early_helper(expr: Matmul) -> str:
@@ -326,12 +333,13 @@ def source(expr: Matmul, specialize: bool = False) -> str:
     """The Triton source of the kernel computing `expr`; `specialize`: its sizes and strides are
     constexprs (one binary per shape, launched with pointers only: what a compiled model replays)."""
     descs, loads = _tma(expr)
-    early, finish_args = early_loads(expr, " " * 8)
+    early, late, finish_args = early_loads(expr, " " * 8)
+    early_persistent, late_persistent, _ = early_loads(expr, " " * 12)
     cast = "    bias = bias.to(tl.float32)\n" if expr.has_bias else ""
     return _TEMPLATE.format(
         input_pointers="".join(f" E{i}," for i in range(len(expr.inputs))), int_params=int_params(expr, specialize),
-        finish_params=finish_args, finish_args=finish_args, early=early,
-        early_persistent=early_loads(expr, " " * 12)[0], early_helper=_early_helper(expr),
+        finish_params=finish_args, finish_args=finish_args, early=early, late=late,
+        early_persistent=early_persistent, late_persistent=late_persistent, early_helper=_early_helper(expr),
         name=KERNEL_NAME,
         description=expr.describe().replace(f" {expr.dtype}", ""),
         epilogue=cast + epilogue_source(expr.epilogue, "    ", lambda i, inp: _INPUT_USES[inp.shape].format(i=i)),

@@ -117,7 +117,7 @@ def source(expr: Wide, specialize: bool = False) -> str:
                                           for j in range(len(SHARED_INTS), len(names), len(SEGMENT_INTS))))
     count = len(expr.ns)
     # the segment's bias, loaded before the K loop (the contraction template's _epilogue_loads)
-    early, finish_args = contraction.early_loads(expr.as_matmul(), "    ", "B, 0", "stride_b")
+    early, _, finish_args = contraction.early_loads(expr.as_matmul(), "    ", "B, 0", "stride_b", warp_spec=False)
     # the contraction template's module brings _tile_of, _mainloop and _finish (the bias only:
     # the Matmul has no other epilogue); its own kernel stays unused
     return contraction.source(expr.as_matmul()) + _KERNEL.format(
