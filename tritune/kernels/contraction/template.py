@@ -249,6 +249,9 @@ _INPUT_LOADS = {
 }
 # each loaded input in _finish: an fp32 tile that broadcasts against acc
 _INPUT_USES = {"mn": "e{i}.to(tl.float32)", "m": "e{i}.to(tl.float32)[:, None]", "n": "e{i}.to(tl.float32)[None, :]"}
+# the largest tile (BLOCK_M x BLOCK_N) that loads its epilogue operands before its K loop: a
+# decode GEMM's (16 x 16 to 16 x 256), whose operands take at most 32 registers a thread at 2 warps
+EARLY_MAX_TILE = 4096
 _EARLY = '''
 @triton.jit
 def _epilogue_loads(BIAS, batch, pid_m, pid_n, M, N, stride_bias,{inputs}
@@ -275,11 +278,16 @@ def early_loads(expr: Matmul, indent: str, bias: str = "BIAS, batch", stride_bia
         return "", "", ""
     inputs = "".join(f" E{i}," for i in range(len(expr.inputs))) + "".join(f" {n}," for n in input_int_names(expr))
     call = f"{', '.join(names)} = _epilogue_loads({bias}, pid_m, pid_n, M, N, {stride_bias},{inputs} BLOCK_M, BLOCK_N)\n"
+    # Only small tiles load early: a tile of prefill's size would hold its operands in registers
+    # through a long K loop whose end they barely delay. Values loaded before a warp-specialised
+    # loop and used after it came out wrong on the GPU (Triton's partitions): that loop's
+    # epilogue loads its operands after it.
+    small = f"BLOCK_M * BLOCK_N <= {EARLY_MAX_TILE}"
     if not warp_spec:
-        return indent + call, "", "".join(f" {n}," for n in names)
-    # values loaded before a warp-specialised loop and used after it came out wrong on the GPU
-    # (Triton's partitions): that loop's epilogue loads its operands after it
-    return (f"{indent}if not WARP_SPEC:\n{indent}    {call}", f"{indent}if WARP_SPEC:\n{indent}    {call}",
+        return (f"{indent}if {small}:\n{indent}    {call}", f"{indent}if not ({small}):\n{indent}    {call}",
+                "".join(f" {n}," for n in names))
+    return (f"{indent}if {small}:\n{indent}    if not WARP_SPEC:\n{indent}        {call}",
+            f"{indent}if not ({small}):\n{indent}    {call}{indent}elif WARP_SPEC:\n{indent}    {call}",
             "".join(f" {n}," for n in names))
 
 

@@ -73,7 +73,7 @@ def {name}(
 {early}    acc{norm_returned} = _mainloop(X, W, x_desc, w_desc, 0, pid_m, pid_n, k_lo, tl.minimum(k_lo + per_split, k_iters), M,
                     N, K, 0, stride_xm, stride_xk, 0, stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, EVEN_K,
                     DOT_PRECISION, TMA, 0, GEMV{norm_arg})
-    if SPLIT_K > 1:
+{late}    if SPLIT_K > 1:
         acc, {fixup_out} = {fixup_call}
         if last:
 {norm_scale_split}            _finish(acc, C, 0, pid_m, pid_n, M, N, 0, stride_cm, stride_cn,{finish_args} BLOCK_M, BLOCK_N, 0)
@@ -117,14 +117,14 @@ def source(expr: Wide, specialize: bool = False) -> str:
                                           for j in range(len(SHARED_INTS), len(names), len(SEGMENT_INTS))))
     count = len(expr.ns)
     # the segment's bias, loaded before the K loop (the contraction template's _epilogue_loads)
-    early, _, finish_args = contraction.early_loads(expr.as_matmul(), "    ", "B, 0", "stride_b", warp_spec=False)
+    early, late, finish_args = contraction.early_loads(expr.as_matmul(), "    ", "B, 0", "stride_b", warp_spec=False)
     # the contraction template's module brings _tile_of, _mainloop and _finish (the bias only:
     # the Matmul has no other epilogue); its own kernel stays unused
     return contraction.source(expr.as_matmul()) + _KERNEL.format(
         name=KERNEL_NAME, description=expr.describe(), pointers=", ".join(pointer_names(expr)),
         int_params="\n".join("    " + " ".join(f"{n}{kind}," for n in group) for group in groups),
         ends=", ".join(f"END{i}: tl.constexpr" for i in range(count)), last=count - 1,
-        branches=_branches(count), early=early, finish_args=finish_args, w_desc=weight_descriptor(expr.trans_b, "W", "w_desc"),
+        branches=_branches(count), early=early, late=late, finish_args=finish_args, w_desc=weight_descriptor(expr.trans_b, "W", "w_desc"),
         norm_returned=norm.returned(expr.norm_eps), norm_arg=norm.param(expr.norm_eps),
         norm_scale=norm.scale(expr.norm_eps, ("acc",), " " * 8),
         norm_scale_split=norm.scale(expr.norm_eps, ("acc",), " " * 12), pdl_wait=contraction.PDL_WAIT, trans_b=expr.trans_b,
