@@ -25,6 +25,7 @@ from tritune.tuner import breakdown
 from tritune.tuner.cli import inputs, paths
 from tritune.tuner.cli.inputs import EXIT_NO_GPU, EXIT_USAGE, UsageError, cluster_options, make_expr
 from tritune.tuner.cli.paths import db_option, open_db
+from tritune.tuner.cli.recording import recording
 
 EXIT_SIGINT, EXIT_SIGTERM = 130, 143  # 128 + the signal, as shells report them
 STORED = "every measured trial is stored, a rerun resumes"
@@ -94,8 +95,6 @@ def _show_startup(runner: Any, before_s: float | None, session_s: float) -> None
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     """tritune: autotune Triton kernels, store the best configs, replay them."""
-
-
 
 
 @cli.command(epilog=inputs.ops_help())
@@ -349,7 +348,5 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         signal.signal(signal.SIGTERM, previous)
 
-
-from tritune.tuner.cli.recording import recording  # noqa: E402
 
 cli.add_command(recording)
