@@ -70,23 +70,36 @@ def _sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def wait_for_trials(db: Path, n: int, limit_s: float = 120.0) -> None:
-    """Return once the database holds at least n trials (or after limit_s)."""
+def trials_now(db: Path) -> int:
+    """How many trials the database of a live run holds (0 while it is being created)."""
+    try:
+        return len(stored_keys(db))
+    except sqlite3.DatabaseError:  # a file being created may not read as SQLite yet
+        return 0
+
+
+def wait_for_trials(db: Path, n: int, proc: subprocess.Popen, limit_s: float = 120.0) -> None:
+    """Return once the database holds at least n trials, or the run has ended, or after limit_s
+    (the report then shows fewer stored at the signal than waited for, and the run's exit)."""
     deadline = time.time() + limit_s
-    while len(stored_keys(db)) < n and time.time() < deadline:
-        time.sleep(0.05)
+    while trials_now(db) < n and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
 
 
 def run(args: list[str], db: Path, delay: float | None, sig: int = signal.SIGKILL, after_trials: int = 0) -> dict:
-    """Start `tune-cli ARGS --db DB`, stop it with `sig` `delay` s after it (and once the database
-    holds `after_trials` more trials; delay None: let it finish), and report what the stop left."""
+    """Start `tune-cli ARGS --db DB`, stop it with `sig` once the database holds `after_trials` more
+    trials and `delay` s more (delay None: let it finish), and report what the stop left, and how
+    many more trials were stored at the signal."""
     mark, before, seen = uuid.uuid4().hex, stored_keys(db), len(measured_log())
     env = dict(os.environ, **{MARK: mark, "PYTHONUNBUFFERED": "1"})
+    start = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "tritune", *args, "--db", str(db)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
+    at_signal = signal_s = None
     if delay is not None:
-        wait_for_trials(db, len(before) + after_trials)
+        wait_for_trials(db, len(before) + after_trials, proc)
         time.sleep(delay)
+        at_signal, signal_s = trials_now(db) - len(before), time.time() - start
         proc.send_signal(sig)
     _, err = proc.communicate(timeout=600)
     deadline = time.time() + 5
@@ -96,8 +109,9 @@ def run(args: list[str], db: Path, delay: float | None, sig: int = signal.SIGKIL
     for pid in orphans:  # leave none behind for the next round, but count them
         os.kill(pid, signal.SIGKILL)
     after, measured = stored_keys(db), set(measured_log()[seen:])
-    return {"delay_s": delay, "exit": proc.returncode, "integrity": integrity(db) if db.exists() else "no file",
-            "orphans": len(orphans), "stored": len(after - before), "total": len(after),
+    return {"delay_s": delay, "signal_s": signal_s, "stored_at_signal": at_signal, "exit": proc.returncode,
+            "integrity": integrity(db) if db.exists() else "no file", "orphans": len(orphans),
+            "stored": len(after - before), "total": len(after),
             "lost": len(measured - after) if os.environ.get("FAKE_GPU_LOG") else None,
             "remeasured": len(measured & before) if os.environ.get("FAKE_GPU_LOG") else None,
             "last_line": err.strip().splitlines()[-1] if err.strip() else ""}
