@@ -7,13 +7,13 @@ import pytest
 from tritune.kernels.family import family, ops
 
 PINNED = {
-    "matmul": "2095ff55bc137df0",
-    "bmm": "2095ff55bc137df0",
+    "matmul": "e90c416ba8874e75",
+    "bmm": "e90c416ba8874e75",
     "conv2d": "0963f5b4f9f1b7b3",
     "softmax": "2fe8777c40f74a89",
     "layernorm": "2fe8777c40f74a89",
-    "gated": "6484297c4cd7d85b",
-    "wide": "27e2052d8d2fbc83",
+    "gated": "3a3e1857e753eff7",
+    "wide": "4c79e208893eb38b",
     "attention": "383e26cc7fceacdc",
 }
 

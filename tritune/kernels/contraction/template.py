@@ -276,19 +276,17 @@ def early_loads(expr: Matmul, indent: str, bias: str = "BIAS, batch", stride_bia
     names = _early_names(expr)
     if not names:
         return "", "", ""
-    inputs = "".join(f" E{i}," for i in range(len(expr.inputs))) + "".join(f" {n}," for n in input_int_names(expr))
-    call = f"{', '.join(names)} = _epilogue_loads({bias}, pid_m, pid_n, M, N, {stride_bias},{inputs} BLOCK_M, BLOCK_N)\n"
+    call = f"{', '.join(names)} = _epilogue_loads({bias}, pid_m, pid_n, M, N, {stride_bias},{_input_args(expr)} BLOCK_M, BLOCK_N)\n"
     # Only small tiles load early: a tile of prefill's size would hold its operands in registers
     # through a long K loop whose end they barely delay. Values loaded before a warp-specialised
     # loop and used after it came out wrong on the GPU (Triton's partitions): that loop's
     # epilogue loads its operands after it.
     small = f"BLOCK_M * BLOCK_N <= {EARLY_MAX_TILE}"
-    if not warp_spec:
-        return (f"{indent}if {small}:\n{indent}    {call}", f"{indent}if not ({small}):\n{indent}    {call}",
-                "".join(f" {n}," for n in names))
-    return (f"{indent}if {small}:\n{indent}    if not WARP_SPEC:\n{indent}        {call}",
-            f"{indent}if not ({small}):\n{indent}    {call}{indent}elif WARP_SPEC:\n{indent}    {call}",
-            "".join(f" {n}," for n in names))
+    before, after = f"{indent}if {small}:\n{indent}    {call}", f"{indent}if not ({small}):\n{indent}    {call}"
+    if warp_spec:
+        before = f"{indent}if {small}:\n{indent}    if not WARP_SPEC:\n{indent}        {call}"
+        after += f"{indent}elif WARP_SPEC:\n{indent}    {call}"
+    return before, after, "".join(f" {n}," for n in names)
 
 
 def _early_helper(expr: Matmul) -> str:
@@ -297,8 +295,12 @@ def _early_helper(expr: Matmul) -> str:
         return ""
     loads = "    bias = tl.load(BIAS + offs_n * stride_bias, mask=offs_n < N, other=0.0)\n" if expr.has_bias else ""
     loads += "".join(f"    e{i} = {_INPUT_LOADS[inp.shape].format(i=i)}\n" for i, inp in enumerate(expr.inputs))
-    inputs = "".join(f" E{i}," for i in range(len(expr.inputs))) + "".join(f" {n}," for n in input_int_names(expr))
-    return _EARLY.format(inputs=inputs, loads=loads, names=", ".join(names))
+    return _EARLY.format(inputs=_input_args(expr), loads=loads, names=", ".join(names))
+
+
+def _input_args(expr: Matmul) -> str:
+    """The epilogue's extra inputs as arguments: their pointers, then their strides (' E0, ..., stride_e0b, ...,')."""
+    return "".join(f" E{i}," for i in range(len(expr.inputs))) + "".join(f" {n}," for n in input_int_names(expr))
 
 
 def input_int_names(expr: Matmul) -> tuple[str, ...]:

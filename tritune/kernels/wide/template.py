@@ -116,7 +116,8 @@ def source(expr: Wide, specialize: bool = False) -> str:
     groups = (names[:len(SHARED_INTS)], *(names[j:j + len(SEGMENT_INTS)]
                                           for j in range(len(SHARED_INTS), len(names), len(SEGMENT_INTS))))
     count = len(expr.ns)
-    # the segment's bias, loaded before the K loop (the contraction template's _epilogue_loads)
+    # the segment's bias, loaded before or after the K loop by the tile's size (the contraction
+    # template's _epilogue_loads)
     early, late, finish_args = contraction.early_loads(expr.as_matmul(), "    ", "B, 0", "stride_b", warp_spec=False)
     # the contraction template's module brings _tile_of, _mainloop and _finish (the bias only:
     # the Matmul has no other epilogue); its own kernel stays unused
