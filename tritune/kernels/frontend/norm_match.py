@@ -8,8 +8,8 @@ Mistral write it,
 and LayerNorm as torch's module runs it, `out = native_layer_norm(x, [K], g, b, eps)[0]`.
 
 When every reader of `out` (through views) is the input of one site (a projection, a gated pair,
-the q/k/v of a wide group; for LayerNorm, a projection of a few rows that is no LM head: see
-LAYER_NORM_MAX_ROWS), the site takes the norm into its kernel's
+the q/k/v of a wide group; for LayerNorm, a projection of a few rows over a weight stored [N, K]
+that is no LM head: see LAYER_NORM_MAX_ROWS), the site takes the norm into its kernel's
 prologue (`tritune.kernels.norm`): it reads x and g (LayerNorm: and b), and the norm's own kernel
 disappears from the graph.
 A norm with other readers stays a kernel, and the site reads its output as before. So does a
@@ -37,18 +37,16 @@ WHOLE = (*VIEWS, A.alias.default)  # views of a whole tensor (an LM head reads t
 # step streams weights. At 2048 rows (Llama prefill, H200) the normed gated kernel took 0.240 ms and
 # q/k/v 0.104 ms against Inductor's norm and GEMMs' 0.165 and 0.057 ms.
 MAX_ROWS = 64
-# Where a LayerNorm goes into a projection's prologue: at most LAYER_NORM_MAX_ROWS rows (decode's
-# batches), a weight stored [N, K] on the GEMV path's few rows, and at most LAYER_NORM_MAX_WIDTH
-# times as many columns as the norm's width. Each program of the kernel first reads its rows for
-# their mean and 1/std, which holds up its weight loads. An LM head (1x50432x1024, thousands of
-# short programs) took 40.8 us against 35.5 without the norm (H100); [K, N] weights (GPT-2's
-# Conv1D) on the GEMV path, whose tiles take many short K steps, lost to the norm's kernel and
-# cuBLAS (12.1-12.9 against 9.0-9.6 us). At 16 rows, with the statistics pass keeping four loads
-# in flight, the prologue wins (H200, [N, K], graph-timed, L2 cold): 16x3072x1024 7.46 us against
-# the plain GEMM's 5.18 plus the norm's 3.05 and its launch; 16x2304x768 6.22 against 4.32 + 3.01
-# (on an H100 with the earlier two-load pass, a 4096-column projection lost: 9.9 against 6.1 + 1.6).
-# Each site's head-to-head still times the norm's kernel plus the library's GEMM against it.
-LAYER_NORM_MAX_ROWS = 16
+# Where a LayerNorm goes into a projection's prologue: the GEMV path's few rows, a weight stored
+# [N, K], and at most LAYER_NORM_MAX_WIDTH times as many columns as the norm's width. Each program
+# of the kernel first reads its rows for their mean and 1/std, which holds up its weight loads. On
+# an H100 (K = 1024) a 4-8 MB [N, K] projection at one row paid about what the norm's own kernel
+# costs (1.5 us) and saved its launch, but an LM head (1x50432x1024, thousands of short programs)
+# took 40.8 us against 35.5 without the norm; [K, N] weights (GPT-2's Conv1D), whose GEMV tiles
+# take many short K steps, lost to the norm's kernel and cuBLAS (12.1-12.9 against 9.0-9.6 us);
+# and at 16 rows every normed kernel lost (the head 54.5 against 37.5 us, a 4096-column
+# projection 9.9 against 6.1 us and a 1.6 us norm).
+LAYER_NORM_MAX_ROWS = GEMV_MAX_ROWS
 LAYER_NORM_MAX_WIDTH = 8
 
 
@@ -97,10 +95,10 @@ def with_norm(site: Any, inputs: tuple[fx.Node, ...]) -> Any:
 
 def _takes_layer_norm(expr: Any) -> bool:
     """Whether a site's kernel takes a LayerNorm into its prologue: a plain contraction (the only
-    one with that prologue) of a few rows (on the GEMV path's rows, over a weight stored [N, K]),
-    with not many more columns than the norm is wide."""
-    return (isinstance(expr, Matmul) and expr.m <= LAYER_NORM_MAX_ROWS
-            and (expr.trans_b or expr.m > GEMV_MAX_ROWS) and expr.n <= LAYER_NORM_MAX_WIDTH * expr.k)
+    one with that prologue) of a few rows over a weight stored [N, K], with not many more columns
+    than the norm is wide."""
+    return (isinstance(expr, Matmul) and expr.m <= LAYER_NORM_MAX_ROWS and expr.trans_b
+            and expr.n <= LAYER_NORM_MAX_WIDTH * expr.k)
 
 
 def without_norm(site: Any) -> Any:
