@@ -306,7 +306,7 @@ def test_the_backend_hands_a_cpu_graph_to_its_fallback(monkeypatch, tmp_path):
         graphs.append(gm)
         return gm.forward
     backend = tritune.compiler(db, fallback=fallback)
-    monkeypatch.setattr(compiler_module, "inductor", lambda mode=None: fallback)  # what backend="tritune" runs
+    monkeypatch.setattr(compiler_module, "inductor", lambda mode=None, **_: fallback)  # what backend="tritune" runs
     with torch.no_grad():
         assert torch.allclose(torch.compile(model, backend=backend)(x), model(x))
         torch._dynamo.reset()

@@ -301,7 +301,7 @@ def test_the_backend_replays_graphs_with_tuned_sites_from_one_cuda_graph(fake_cu
 
     lowered = []
 
-    def plain_inductor(mode=None, combo=False, early=False):  # stands in for Inductor: the graph as it is, recorded
+    def plain_inductor(mode=None, combo=False, early=False, options=None):  # stands in for Inductor: the graph as it is, recorded
         def compile_graph(gm, example_inputs):
             lowered.append(mode)
             return Recorded(gm)
@@ -327,7 +327,7 @@ def test_through_torch_compile_outputs_are_handed_out_again_and_a_held_one_gets_
     from torch._inductor.cudagraph_trees import MarkStepBox
 
     monkeypatch.setattr(MarkStepBox, "mark_step_counter", 0)  # calls tell steps apart, not step marks (other tests')
-    monkeypatch.setattr(compiler, "inductor", lambda mode=None, combo=False, early=False: lambda gm, ex: Recorded(gm))
+    monkeypatch.setattr(compiler, "inductor", lambda mode=None, combo=False, early=False, options=None: lambda gm, ex: Recorded(gm))
     builds = []
     fresh = graphs.Handout._fresh
     monkeypatch.setattr(graphs.Handout, "_fresh", lambda self: builds.append(1) or fresh(self))

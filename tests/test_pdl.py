@@ -181,7 +181,7 @@ def test_the_backend_launches_early_only_in_one_cuda_graph_and_when_let(monkeypa
 
     lowered = []
     monkeypatch.setattr(compiler, "inductor",
-                        lambda mode=None, combo=False, early=False: lambda gm, inputs: lowered.append((mode, gm)) or gm)
+                        lambda mode=None, combo=False, early=False, options=None: lambda gm, inputs: lowered.append((mode, gm)) or gm)
 
     def fn(x, w):
         return F.linear(x, w)

@@ -96,7 +96,7 @@ def test_the_backend_runs_split_sites_through_the_twin_in_one_cuda_graph(fake_cu
 
     lowered, kept = [], []
     monkeypatch.setattr(compiler, "inductor",
-                        lambda mode=None, combo=False, early=False: lambda gm, ex: lowered.append(gm) or Recorded(gm))
+                        lambda mode=None, combo=False, early=False, options=None: lambda gm, ex: lowered.append(gm) or Recorded(gm))
     record = graphs.GraphStep._record
     monkeypatch.setattr(graphs.GraphStep, "_record", lambda self, inputs: kept.append(record(self, inputs)) or kept[-1])
     model, x = torch.nn.Sequential(torch.nn.Linear(23, 21), torch.nn.ReLU(), torch.nn.Linear(21, 9)), torch.randn(17, 23)

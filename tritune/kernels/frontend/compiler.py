@@ -12,6 +12,8 @@ gated pair or wide group whose kernel does not run leaves its contractions to be
 own. Misses are logged once per workload. In the "reduce-overhead" mode with Inductor, a graph with
 tuned sites runs Inductor's default lowering replayed from plain CUDA graphs (`graphs`: less
 host time per call than Inductor's CUDA-graph trees), unless it writes a non-static input in place.
+The mode and options torch.compile passes (`torch.compile(m, backend="tritune", mode=...)`, or
+transformers' `CompileConfig`) pick the fallback's, where the backend was not made with its own.
 """
 from __future__ import annotations
 
@@ -42,36 +44,42 @@ Matched = graph.Matched  # a site a compiled graph may run a tuned kernel for (t
 
 
 def compiler(db: Any = None, *, fallback: str | Callable = "inductor", mode: str | None = None,
-             graph_verdicts: bool = True, early_launch: bool = True) -> "Backend":
+             options: dict | None = None, graph_verdicts: bool = True, early_launch: bool = True) -> "Backend":
     """A torch.compile backend running tuned kernels from `db` (a path or a database; default: the
     active `apply_history_best` context, else the default database), the rest by `fallback`
     ('inductor', another torch.compile backend's name such as 'aot_eager' or 'eager', or a backend
-    callable); `mode` is Inductor's (torch.compile's `mode`: 'reduce-overhead', 'max-autotune', ...).
-    A graph that `tune-cli tune-model` measured slower with the tuned kernels than without them in
-    this mode goes to the fallback whole (`graph_verdicts=False`: the sites alone decide). In the
-    CUDA-graph mode, sites tuned to launch early (PDL) do so (`early_launch=False`: they launch
-    their kernels built without it, as in the default mode)."""
-    return Backend(db, fallback, mode, graph_verdicts, early_launch)
+    callable); `mode` is Inductor's (torch.compile's `mode`: 'reduce-overhead', 'max-autotune', ...;
+    None: the one torch.compile passes, else the default) and `options` Inductor's config patches
+    (torch.compile's `options`, merged under these). A graph that `tune-cli tune-model` measured
+    slower with the tuned kernels than without them in this mode goes to the fallback whole
+    (`graph_verdicts=False`: the sites alone decide). In the CUDA-graph mode, sites tuned to launch
+    early (PDL) do so (`early_launch=False`: they launch their kernels built without it, as in the
+    default mode). The backend is a value: it survives `copy.deepcopy` and pickling (transformers'
+    CompileConfig copies it), each copy opening the database in the process that uses it."""
+    return Backend(db, fallback, mode, graph_verdicts, early_launch, options)
 
 
-def registered(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
-    """`torch.compile(model, backend="tritune")` (an entry point of the package): `compiler()` with
-    the active `apply_history_best` context, else the default database."""
-    return compiler()(gm, example_inputs)
+def registered(gm: fx.GraphModule, example_inputs: Sequence[Any], mode: str | None = None,
+               options: dict | None = None) -> Callable:
+    """`torch.compile(model, backend="tritune", mode=..., options=...)` (an entry point of the
+    package): `compiler()` with the active `apply_history_best` context, else the default database,
+    in the mode and with the options torch.compile passes."""
+    return compiler()(gm, example_inputs, mode=mode, options=options)
 
 
-def inductor(mode: str | None = None, combo: bool = False, early: bool = False) -> Callable:
-    """Inductor's lowering in a torch.compile mode (None: the default), launching tuned kernels as
-    it launches its own; `combo`: independent small kernels (a decode step's rotary embeddings of
-    q and k, copies of v) launched as one (Inductor's combo kernels), where Inductor has them;
-    `early`: its kernels launch early (programmatic dependent launch), where Inductor has it."""
+def inductor(mode: str | None = None, combo: bool = False, early: bool = False, options: dict | None = None) -> Callable:
+    """Inductor's lowering in a torch.compile mode (None: the default) with `options` (config
+    patches, as torch.compile's `options`), launching tuned kernels as it launches its own; `combo`:
+    independent small kernels (a decode step's rotary embeddings of q and k, copies of v) launched
+    as one (Inductor's combo kernels), where Inductor has them; `early`: its kernels launch early
+    (programmatic dependent launch), where Inductor has it."""
     import torch._inductor.config as config
 
-    patches = {}
+    patches = dict(options or {})
     if mode not in (None, "default"):
         from torch._inductor import list_mode_options
 
-        patches = list_mode_options(mode)  # raises for an unknown mode, naming the known ones
+        patches = {**list_mode_options(mode), **patches}  # raises for an unknown mode, naming the known ones
     if combo and hasattr(config, "combo_kernels"):
         patches = {**patches, "combo_kernels": True}
     if early and hasattr(config.triton, "enable_pdl"):
@@ -89,11 +97,13 @@ def inductor(mode: str | None = None, combo: bool = False, early: bool = False) 
     return run
 
 
-def _fallback(fallback: str | Callable, mode: str | None) -> Callable:
+def _fallback(fallback: str | Callable, mode: str | None, options: dict | None) -> Callable:
     if callable(fallback):
         return fallback
     if fallback == "inductor":
-        return inductor(mode)
+        return inductor(mode, options=options)
+    if options:
+        raise ValueError(f"options are Inductor's config patches; the fallback {fallback!r} takes none")
     from torch._dynamo import lookup_backend
 
     try:
@@ -111,30 +121,65 @@ class Backend:
     tuned sites (what a graph verdict is stored under)."""
 
     def __init__(self, db: Any = None, fallback: str | Callable = "inductor", mode: str | None = None,
-                 graph_verdicts: bool = True, early_launch: bool = True) -> None:
-        try:
-            self.fallback = _fallback(fallback, mode)
-        except (KeyError, RuntimeError) as exc:  # an unknown Inductor mode
-            raise ValueError(f"unknown mode {mode!r}: {first_line(exc)}") from None
+                 graph_verdicts: bool = True, early_launch: bool = True, options: dict | None = None) -> None:
+        self._fallback, self._mode, self._options = fallback, mode, dict(options or {})
+        self._lowerings(mode, None)  # an unknown mode or fallback is reported now, not inside torch.compile
         # opened now, so that a missing or broken file is reported here and not deep inside torch.compile
         if db is not None and not isinstance(db, dispatch.HistoryBest):
             db = dispatch.HistoryBest(Path(db).expanduser())
         self.db = db
         # a graph verdict holds for the fallback and mode it was measured with (a callable has no name)
-        self.mode = dispatch.graph_mode(fallback, mode) if graph_verdicts and isinstance(fallback, str) else None
+        self.graph_verdicts = graph_verdicts and isinstance(fallback, str)
         self.sites: list[tuple[str, str]] = []
         self.graphs: list[str] = []
-        # CUDA-graph mode: graphs with tuned sites replay Inductor's default lowering from one plain
-        # CUDA graph each (`graphs`), not through the trees Inductor's reduce-overhead builds; with
-        # combo kernels, which took 4-6 launches and 5.6-7.5 us of GPU time off a decode step (BENCHMARKS.md)
-        self.plain = inductor(combo=True) if fallback == "inductor" and mode == "reduce-overhead" else None
         self.early_launch = early_launch
 
-    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+    def _lowerings(self, mode: str | None, options: dict | None) -> tuple[Callable, Callable | None]:
+        """The fallback in this mode, and (CUDA-graph mode, Inductor) the lowering of graphs with
+        tuned sites: Inductor's default one replayed from one plain CUDA graph each (`graphs`), not
+        through the trees Inductor's reduce-overhead builds; with combo kernels, which took 4-6
+        launches and 5.6-7.5 us of GPU time off a decode step (BENCHMARKS.md)."""
+        key = (mode, json.dumps(options or {}, sort_keys=True, default=repr))
+        built = self.__dict__.setdefault("_built", {})
+        if key not in built:
+            patches = {**(options or {}), **self._options}
+            try:
+                fallback = _fallback(self._fallback, mode, patches)
+            except (KeyError, RuntimeError) as exc:  # an unknown Inductor mode
+                raise ValueError(f"unknown mode {mode!r}: {first_line(exc)}") from None
+            plain = inductor(combo=True, options=patches) \
+                if self._fallback == "inductor" and mode == "reduce-overhead" else None
+            built[key] = fallback, plain
+        return built[key]
+
+    @property
+    def fallback(self) -> Callable:
+        """The fallback in the backend's own mode."""
+        return self._lowerings(self._mode, None)[0]
+
+    @property
+    def plain(self) -> Callable | None:
+        """The CUDA-graph mode's lowering of graphs with tuned sites (None in other modes)."""
+        return self._lowerings(self._mode, None)[1]
+
+    def __getstate__(self) -> dict:
+        # a copy (transformers' CompileConfig deep-copies its backend) or a pickle holds the
+        # database's path and opens it lazily in the process that uses it; lowerings are rebuilt
+        state = {k: v for k, v in self.__dict__.items() if k != "_built"}
+        if isinstance(self.db, dispatch.HistoryBest):
+            state["db"] = self.db.db.path
+        return state
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], mode: str | None = None,
+                 options: dict | None = None) -> Callable:
+        """Compile one graph; `mode` and `options` are what torch.compile passes (the backend's own
+        mode, where it was given one, wins)."""
+        mode = self._mode if self._mode is not None else mode
+        fallback, plain = self._lowerings(mode, options)
         why = _unsupported(example_inputs)
         if why:
             _log_once(why, f"tritune: {why}; the graph goes to the fallback unchanged")
-            return self.fallback(gm, example_inputs)
+            return fallback(gm, example_inputs)
         from torch._guards import detect_fake_mode
 
         try:
@@ -142,23 +187,23 @@ class Backend:
         except Exception as exc:  # an op tracing cannot handle must not break the user's compile
             _log_once(repr(exc), f"tritune: the graph could not be traced ({first_line(exc)}); "
                                  "it goes to the fallback unchanged")
-            return self.fallback(gm, example_inputs)
+            return fallback(gm, example_inputs)
         matches, info = graph.find(aten, graph.tf32_allowed()), device_info(_device_index(example_inputs))
         before = len(self.sites)
         hits = self._lookup(matches, info)
         if not hits:
-            return self.fallback(gm, example_inputs)
+            return fallback(gm, example_inputs)
         signature = graph_signature(aten, hits)
         self.graphs.append(signature)
-        if self._slower_whole(signature, info, len(self.sites) - before):
-            return self.fallback(gm, example_inputs)
-        captured = self.plain is not None and capturable(aten, example_inputs)
+        if self._slower_whole(signature, info, len(self.sites) - before, mode):
+            return fallback(gm, example_inputs)
+        captured = plain is not None and capturable(aten, example_inputs)
         rewrite(aten, hits, captured, self.early_launch)
         _keep_input_facts(gm, aten)
         with constants_traceable(example_inputs):
             if captured:
-                return GraphStep(self.plain(aten, example_inputs), example_inputs)
-            return self.fallback(aten, example_inputs)
+                return GraphStep(plain(aten, example_inputs), example_inputs)
+            return fallback(aten, example_inputs)
 
     def _lookup(self, matches: list[Matched], info: dict) -> list[tuple[Matched, str]]:
         """(site, spec) of the sites that run a tuned kernel on the GPU `info` describes; every
@@ -178,17 +223,17 @@ class Backend:
                               f"{len(matches)} contractions, left to the fallback: {listed}")
         return [(m, spec) for m, spec in hits if spec]
 
-    def _slower_whole(self, signature: str, info: dict, sites: int) -> bool:
+    def _slower_whole(self, signature: str, info: dict, sites: int, mode: str | None) -> bool:
         """Whether tune-model measured this graph slower with its tuned kernels than without them in
-        this mode (its `sites` last entries are then marked 'graph')."""
+        `mode` (its `sites` last entries are then marked 'graph')."""
         history = self._history()
-        if self.mode is None or history is None:
+        if not self.graph_verdicts or history is None:
             return False
-        device = device_key(info, "matmul")
-        if history.graph_verdict(signature, device, self.mode) != "inductor":
+        device, verdicts = device_key(info, "matmul"), dispatch.graph_mode(self._fallback, mode)
+        if history.graph_verdict(signature, device, verdicts) != "inductor":
             return False
         _log_once(signature, f"tritune: a graph with {sites} contractions measured faster without tuned kernels "
-                             f"(mode {self.mode}, tune-cli tune-model's check); it goes to the fallback unchanged")
+                             f"(mode {verdicts}, tune-cli tune-model's check); it goes to the fallback unchanged")
         self.sites[-sites:] = [(d, "graph" if k == "tuned" else k) for d, k in self.sites[-sites:]]
         return True
 

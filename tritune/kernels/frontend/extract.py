@@ -67,6 +67,51 @@ def extract_tasks(model: Any, example_inputs: Any, *, allow_tf32: bool | None = 
     return _count(matches)
 
 
+class _Captured(Exception):
+    """Raised by a captured graph in place of running it."""
+
+
+def extract_call_tasks(fn: Any, kwargs: dict, *, allow_tf32: bool | None = None) -> list[ModelTask]:
+    """The workloads of `fn(**kwargs)` as torch.compile captures it (Dynamo's graph, as the
+    torch.compile backend sees it: a decode step with its cache's tensors as inputs), deduplicated
+    with counts. Nothing is computed where the call is one graph; where it breaks into several,
+    each runs once (uncompiled) so that the next is captured."""
+    import torch
+    from torch._guards import detect_fake_mode
+
+    from tritune.kernels.frontend import graph
+
+    tf32 = graph.tf32_allowed() if allow_tf32 is None else allow_tf32
+    matches: list = []
+
+    def capture(whole: bool) -> Any:
+        def backend(gm: Any, example_inputs: Any, **_: Any) -> Any:
+            matches.extend(graph.find(graph.aten_graph(gm, example_inputs, detect_fake_mode(example_inputs)), tf32))
+            return _stop if whole else gm.forward
+        return backend
+
+    def captured(whole: bool) -> list[ModelTask]:
+        matches.clear()
+        try:
+            with torch.no_grad():
+                torch.compile(fn, backend=capture(whole), fullgraph=whole, dynamic=False)(**kwargs)
+        except _Captured:
+            pass
+        return _count(matches)
+
+    try:
+        return captured(whole=True)
+    except Exception:  # noqa: BLE001 - a graph break (Dynamo raises many types): captured in parts
+        try:
+            return captured(whole=False)
+        except Exception as exc:  # noqa: BLE001
+            raise ExtractError(f"torch.compile could not capture the call: {first_line(exc)}") from None
+
+
+def _stop(*args: Any) -> Any:
+    raise _Captured
+
+
 def _count(matches: Sequence[Any]) -> list[ModelTask]:
     order: dict[str, ModelTask] = {}
     for m in matches:

@@ -148,7 +148,10 @@ def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, acti
 
 @cli.command("tune-model")
 @click.option("--model", "model_spec", required=True, help="pkg.module:factory or path/to/file.py:factory (returns a torch.nn.Module)")
-@click.option("--input-shape", "input_shapes", multiple=True, required=True, help="shape of each model input, in order, e.g. 1,2048,4096")
+@click.option("--input-shape", "input_shapes", multiple=True, help="shape of each model input, in order, e.g. 1,2048,4096")
+@click.option("--decode", default=None, metavar="BATCH,CONTEXT[,NEW]",
+              help="instead of --input-shape: the decode step transformers' generate() compiles with a static cache, "
+                   "for BATCH prompts of CONTEXT tokens and NEW more tokens [default: 256] (a causal LM's factory)")
 @click.option("--dtype", default="fp16", show_default=True, help=f"model and input dtype: one of {', '.join(DTYPES)}")
 @click.option("--trials", default=256, show_default=True, type=click.IntRange(1), help="trials in total, shared by the model's workloads")
 @click.option("--strategy", default="sa", show_default=True, help=f"one of {', '.join(sorted(REGISTRY))}")
@@ -163,26 +166,27 @@ def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, acti
                    "graphs); a graph that is not faster with them is left to Inductor whole")
 @click.option("--verbose", is_flag=True, help="also show where each task's time went, and the start-up's")
 @db_option
-def tune_model(model_spec, input_shapes, dtype, trials, strategy, seed, summary_json, devices, cluster, cluster_wait,
-               dry_run, check, verbose, db_path) -> None:
+def tune_model(model_spec, input_shapes, decode, dtype, trials, strategy, seed, summary_json, devices, cluster,
+               cluster_wait, dry_run, check, verbose, db_path) -> None:
     """Extract a model's contractions (with their fusable epilogues) and tune each on this GPU."""
     from tritune.tuner.cli import display
     from tritune.tuner.gpus.start import TuneOptions
     from tritune.tuner.model.plan import tune_planned
 
     inputs.known_strategy(strategy)
+    decode = inputs.decode_shape(input_shapes, decode)
     if dry_run:
-        display.out.print(display.plan_table(inputs.planned(model_spec, input_shapes, dtype, trials)))
+        display.out.print(display.plan_table(inputs.planned(model_spec, input_shapes, dtype, trials, decode)))
         return
     where = inputs.where(devices, cluster, cluster_wait)
     options = TuneOptions(strategy=strategy, seed=seed, devices=where[0], cluster=where[1], cluster_wait_s=where[2],
                           verbose=verbose)
     planned: list = []
-    capture = lambda: planned.extend(inputs.planned(model_spec, input_shapes, dtype, trials))  # noqa: E731
+    capture = lambda: planned.extend(inputs.planned(model_spec, input_shapes, dtype, trials, decode))  # noqa: E731
     if check and cluster:  # the check compiles and runs the whole model on a GPU of this host
         click.echo("tune-cli: the model check runs on this host's GPU; skipped with --cluster", err=True)
     with ExitStack() as stack:
-        early = stack.enter_context(_early_check(model_spec, input_shapes, dtype, db_path)) \
+        early = stack.enter_context(_early_check(model_spec, input_shapes, decode, dtype, db_path)) \
             if check and not cluster and not SETTINGS.fake_gpu else None
         with tuning(db_path, options, capture) as (gpu, db):  # the model is captured while the GPU worker starts
             display.out.print(display.plan_table(planned))
@@ -193,11 +197,11 @@ def tune_model(model_spec, input_shapes, dtype, trials, strategy, seed, summary_
         Path(summary_json).write_text(json.dumps({"tasks": summaries, "model_check": checks}, indent=2))
 
 
-def _early_check(spec: str, input_shapes: tuple[str, ...], dtype: str, db_path: Any) -> Any:
+def _early_check(spec: str, input_shapes: tuple[str, ...], decode: str | None, dtype: str, db_path: Any) -> Any:
     """The whole-model check's process, started before the tuning (`model.check.EarlyCheck`)."""
     from tritune.tuner.model.check import EarlyCheck
 
-    return EarlyCheck(spec, input_shapes, dtype, db_path or SETTINGS.db_path)
+    return EarlyCheck(spec, input_shapes, dtype, db_path or SETTINGS.db_path, decode=decode)
 
 
 def _announce(i: int, n: int, planned: Any, trials: int) -> None:

@@ -102,12 +102,30 @@ def address(text: str) -> str:
     return text
 
 
-def planned(model_spec: str, input_shapes: tuple[str, ...], dtype: str, trials: int) -> list:
-    """A model's tasks and their trials; anything the user must fix is one line, exit code 2."""
-    from tritune.tuner.model.load import ModelError, model_tasks
-    from tritune.tuner.model.plan import plan
+def decode_shape(input_shapes: tuple[str, ...], decode: str | None) -> str | None:
+    """tune-model's `--decode`, checked ('BATCH,CONTEXT,NEW'), or None with `--input-shape`: exactly
+    one of the two is given (else one line, exit code 2)."""
+    if bool(input_shapes) == (decode is not None):
+        raise UsageError("give --input-shape (the model's inputs) or --decode (its generate() decode step), one of them")
+    if decode is None:
+        return None
+    from tritune.tuner.model.decode import DecodeShape
+    from tritune.tuner.model.load import ModelError
 
     try:
-        return plan(model_tasks(model_spec, input_shapes, dtype), trials)
+        return str(DecodeShape.parse(decode))
+    except ModelError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def planned(model_spec: str, input_shapes: tuple[str, ...], dtype: str, trials: int, decode: str | None = None) -> list:
+    """A model's tasks (on inputs of `input_shapes`, or as its `decode` step) and their trials;
+    anything the user must fix is one line, exit code 2."""
+    from tritune.tuner.model.load import ModelError
+    from tritune.tuner.model.plan import plan
+    from tritune.tuner.model.subject import subject_tasks
+
+    try:
+        return plan(subject_tasks(model_spec, input_shapes, dtype, decode=decode), trials)
     except ModelError as exc:
         raise UsageError(str(exc)) from None

@@ -24,7 +24,7 @@ from tritune.records.database import Database
 from tritune.records.dispatch import graph_mode
 from tritune.records.result import DeviceKey
 from tritune.tuner.breakdown import Stopwatch
-from tritune.tuner.timing import gpu_ms_per_call, in_turns, paired_ratio, per_call_ms, step_caller
+from tritune.tuner.timing import gpu_ms_per_call, in_turns, paired_ratio, per_call_ms
 from tritune.tuner.worker.lifeline import bind_to_parent, start_lasting
 
 MODES = ("default", "reduce-overhead")  # torch.compile's modes the check measures
@@ -35,11 +35,13 @@ MAX_REL_ERROR = 5e-2  # a compiled model further than this from Inductor's outpu
 
 
 def check_model(spec: str, input_shapes: Sequence[str], dtype: str, db_path: str | Path,
-                modes: Sequence[str] = MODES, rounds: int = 30, timeout_s: float = 900.0) -> list[dict]:
-    """Measure the model (built from `spec` with seeded random weights on the GPU) in each mode in a
-    child process, store a graph verdict for every graph with tuned sites, and return one result
-    per mode ({'mode', 'error'} where the check failed: no verdict is stored then)."""
-    with EarlyCheck(spec, input_shapes, dtype, db_path, modes, rounds) as check:
+                modes: Sequence[str] = MODES, rounds: int = 30, timeout_s: float = 900.0,
+                decode: str | None = None) -> list[dict]:
+    """Measure the model (built from `spec` with seeded random weights on the GPU, run on inputs of
+    `input_shapes` or as its `decode` step: `subject.load_subject`) in each mode in a child process,
+    store a graph verdict for every graph with tuned sites, and return one result per mode
+    ({'mode', 'error'} where the check failed: no verdict is stored then)."""
+    with EarlyCheck(spec, input_shapes, dtype, db_path, modes, rounds, decode) as check:
         return check.finish(timeout_s)
 
 
@@ -50,14 +52,15 @@ class EarlyCheck:
     model with the tuned kernels and time both in turns. Killed on leaving the block unfinished."""
 
     def __init__(self, spec: str, input_shapes: Sequence[str], dtype: str, db_path: str | Path,
-                 modes: Sequence[str] = MODES, rounds: int = 30) -> None:
+                 modes: Sequence[str] = MODES, rounds: int = 30, decode: str | None = None) -> None:
         self.db_path, self.modes = db_path, list(modes)
         self._tmp = tempfile.TemporaryDirectory(prefix="tritune_check_")
         self._out = Path(self._tmp.name) / "check.json"
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_child, daemon=True, args=(
-            os.getpid(), child, spec, list(input_shapes), dtype, str(db_path), self.modes, rounds, str(self._out)))
+            os.getpid(), child, spec, list(input_shapes), decode, dtype, str(db_path), self.modes, rounds,
+            str(self._out)))
         start_lasting(self._proc.start)
         child.close()
 
@@ -100,8 +103,8 @@ def _store(db_path: str | Path, results: Sequence[dict]) -> None:
                     db.save_graph_verdict(graph, device, graph_mode("inductor", r["mode"]), r["winner"], detail)
 
 
-def _child(parent: int, conn: Any, spec: str, input_shapes: list[str], dtype: str, db_path: str, modes: list[str],
-           rounds: int, out: str) -> None:
+def _child(parent: int, conn: Any, spec: str, input_shapes: list[str], decode: str | None, dtype: str, db_path: str,
+           modes: list[str], rounds: int, out: str) -> None:
     """The check's process: Inductor's lowering compiled in each mode, then (once told to go) each
     mode measured in turn, results written after each."""
     bind_to_parent(parent)
@@ -109,19 +112,19 @@ def _child(parent: int, conn: Any, spec: str, input_shapes: list[str], dtype: st
 
     from tritune.errors import first_line
     from tritune.tuner.breakdown import process_age_s
-    from tritune.tuner.model.load import load
+    from tritune.tuner.model.subject import load_subject
 
     start = {"process and imports": process_age_s() or 0.0}
     clock = time.perf_counter()
     try:
-        model, inputs = load(spec, input_shapes, dtype, "cuda", weights="random")
+        model = load_subject(spec, input_shapes, dtype, "cuda", "random", decode)
     except Exception as exc:  # noqa: BLE001 - the user's factory, or no GPU: every mode reports it
         model, why = None, f"the model could not be built on the GPU: {first_line(exc)}"
     start["model built"] = time.perf_counter() - clock
     early: dict[str, Any] = {}
     with torch.no_grad():
         for mode in modes if model is not None else ():
-            early[mode] = _inductor(model, inputs, mode)
+            early[mode] = _inductor(model, mode)
         _wait(conn)
         results: list[dict] = []
         for mode in modes:
@@ -130,7 +133,7 @@ def _child(parent: int, conn: Any, spec: str, input_shapes: list[str], dtype: st
                     raise RuntimeError(why)
                 if isinstance(early[mode], Exception):
                     raise early[mode]
-                results.append({"mode": mode, **_measure(model, inputs, db_path, mode, rounds, *early[mode])})
+                results.append({"mode": mode, **_measure(model, db_path, mode, rounds, *early[mode])})
             except Exception as exc:  # noqa: BLE001 - a mode that fails must not cost the others
                 results.append({"mode": mode, "error": str(exc) if model is None else first_line(exc)})
             results[0]["seconds"] = {**start, **results[0].get("seconds", {})}  # the start is the first mode's
@@ -145,23 +148,23 @@ def _wait(conn: Any) -> None:
         os._exit(0)
 
 
-def _inductor(model: Any, inputs: tuple, mode: str) -> tuple | Exception:
-    """Inductor's lowering of the model in `mode`, compiled and run (`_first_outputs`): the step
-    caller, its outputs and the seconds it took; or what it raised."""
+def _inductor(model: Any, mode: str) -> tuple | Exception:
+    """Inductor's lowering of the model (a `subject.Subject`) in `mode`, compiled and run
+    (`_first_outputs`): the step caller, its outputs and the seconds it took; or what it raised."""
     import torch
 
     start = time.perf_counter()
     try:
-        fn = step_caller(torch.compile(model, mode=None if mode == "default" else mode), inputs, mode != "default")
+        fn = model.call(torch.compile(model.fn, mode=None if mode == "default" else mode), mode != "default")
         return fn, _first_outputs(fn), time.perf_counter() - start
     except Exception as exc:  # noqa: BLE001 - reported as the mode's failure
         return exc
 
 
-def _measure(model: Any, inputs: tuple, db_path: str, mode: str, rounds: int, inductor: Any, inductor_out: Any,
+def _measure(model: Any, db_path: str, mode: str, rounds: int, inductor: Any, inductor_out: Any,
              inductor_s: float) -> dict:
-    """Inductor (`inductor`, compiled ahead) and the tuned kernels in one mode: warmed up, checked
-    against each other, timed in turns."""
+    """Inductor (`inductor`, compiled ahead) and the tuned kernels in one mode, on the model (a
+    `subject.Subject`): warmed up, checked against each other, timed in turns."""
     import torch
 
     import tritune
@@ -173,7 +176,7 @@ def _measure(model: Any, inputs: tuple, db_path: str, mode: str, rounds: int, in
     compile_mode = None if mode == "default" else mode
     cuda_graphs = mode != "default"
     backend = tritune.compiler(db_path, mode=compile_mode, graph_verdicts=False)  # what the graphs run alone
-    fns = {"tritune": step_caller(torch.compile(model, backend=backend), inputs, cuda_graphs)}
+    fns = {"tritune": model.call(torch.compile(model.fn, backend=backend), cuda_graphs)}
     counters.clear()
     watch = Stopwatch()
     watch.add("compile by Inductor alone (ahead)", inductor_s)
@@ -187,7 +190,7 @@ def _measure(model: Any, inputs: tuple, db_path: str, mode: str, rounds: int, in
     fns["inductor"], outs["inductor"] = inductor, inductor_out
     error = outputs_rel_error(outs["tritune"], outs["inductor"])
     with watch("timed in turns"):
-        times = in_turns({**fns, "eager": lambda: model(*inputs)}, per_call_ms, rounds)
+        times = in_turns({**fns, "eager": model.call(model.fn, False)}, per_call_ms, rounds)
     ratio = paired_ratio(times["tritune"], times["inductor"])
     with watch("GPU time (profiler)"):
         gpu = {name: gpu_ms_per_call(fns[name]) for name in ("tritune", "inductor")}

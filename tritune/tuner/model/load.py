@@ -88,15 +88,26 @@ def load(spec: str, input_shapes: Sequence[str], dtype: str, device: str, weight
 
 def model_tasks(spec: str, input_shapes: Sequence[str], dtype: str, device: str | None = None) -> list:
     """Load, build and capture a model: its tasks (ModelError for anything the user can fix)."""
+    from tritune.kernels.frontend.extract import extract_tasks
+
+    model, inputs = build(load_factory(spec), parse_shapes(input_shapes), dtype, device or default_device())
+    return captured_tasks(lambda: extract_tasks(model, inputs))
+
+
+def default_device() -> str:
+    """The first GPU where there is one, else the CPU."""
     import torch
 
-    from tritune.kernels.frontend.extract import ExtractError, extract_tasks
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
-    shapes = parse_shapes(input_shapes)
-    model, inputs = build(load_factory(spec), shapes, dtype, device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+def captured_tasks(extract: Callable[[], list]) -> list:
+    """`extract()`'s tasks, torch's fake-tensor log quiet, what the user can fix a ModelError."""
+    from tritune.kernels.frontend.extract import ExtractError
+
     try:
         with _fake_tensor_log_off():
-            tasks = extract_tasks(model, inputs)
+            tasks = extract()
     except ExtractError as exc:
         raise ModelError(str(exc)) from None
     if not tasks:
