@@ -4,8 +4,12 @@ beside tritune (`CompileConfig(backend=tritune.compiler(db))`, the same mode), o
 shape per run, every variant in this one process, timed in turns.
 
     python -m scripts.bench.generate_bench --model scripts/bench/decoders.py:llama --batch 16 \\
-        --context 1024 [--new-tokens 64] [--db DB] [--tune [--trials 256] [--check]] [--rounds 5] \\
+        --context 1024,4096 [--new-tokens 32] [--db DB] [--tune [--trials 256] [--check]] [--rounds 5] \\
         [--variants inductor,tritune] [--out FILE.json]
+
+Contexts are measured in increasing order in this one process: generate() sizes a model's static
+cache by the longest call it has made, so each context gets the cache it would alone; compiled code
+is dropped between contexts (a changed cache length would otherwise recompile with dynamic shapes).
 
 - per token: (time of generate() for 1 + N new tokens - time for 1) / N, greedy, `min_new_tokens`
   set, the same random prompt of CONTEXT tokens per sequence; medians over rounds, and the ratio
@@ -47,8 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="a causal LM's factory: pkg.module:factory or file.py:factory")
     p.add_argument("--batch", type=int, required=True)
-    p.add_argument("--context", type=int, required=True, help="prompt tokens per sequence")
-    p.add_argument("--new-tokens", type=int, default=64, help="N: the decode steps timed per generate() call")
+    p.add_argument("--context", required=True, help="prompt tokens per sequence: one or more, comma-separated")
+    p.add_argument("--new-tokens", type=int, default=32, help="N: the decode steps timed per generate() call")
     p.add_argument("--dtype", default="fp16")
     p.add_argument("--db", default="tuning.db")
     p.add_argument("--tune", action="store_true", help="tune the decode step first (tune-cli tune-model --decode)")
@@ -61,10 +65,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def tune(args: argparse.Namespace) -> dict:
+def tune(args: argparse.Namespace, context: int) -> dict:
     """tune-cli tune-model of the decode step these generate() calls compile; its wall seconds."""
     cmd = [sys.executable, "-m", "tritune", "tune-model", "--model", args.model, "--dtype", args.dtype,
-           "--decode", f"{args.batch},{args.context},{args.new_tokens + 1}", "--trials", str(args.trials),
+           "--decode", f"{args.batch},{context},{args.new_tokens + 1}", "--trials", str(args.trials),
            "--db", args.db, *([] if args.check else ["--no-check"])]
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -84,8 +88,8 @@ def compile_config(variant: str, db: str):
 class Variant:
     """One way to compile generate()'s decode step, on its own copy of the model."""
 
-    def __init__(self, name: str, lm, db: str, prompt) -> None:
-        self.name, self.lm, self.prompt = name, lm, prompt
+    def __init__(self, name: str, lm, db: str) -> None:
+        self.name, self.lm, self.prompt = name, lm, None
         self.config = compile_config(name, db)
 
     def generate(self, new: int):
@@ -141,25 +145,30 @@ def _rel(out, ref) -> float:
     return float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-300))
 
 
-def measure(args: argparse.Namespace) -> dict:
-    """Every variant built, compiled (first calls), checked, then timed in turns."""
-    import torch
-
-    shape = DecodeShape(args.batch, args.context, args.new_tokens + 1)
+def models(args: argparse.Namespace) -> tuple:
+    """The model (seeded random weights) and each variant's copy of it."""
     model, _ = build(load_factory(args.model), [], args.dtype, args.device, "random")
     base = causal_lm(model)
+    return base, [Variant(name, copy.deepcopy(base), args.db) for name in args.variants.split(",")]
+
+
+def measure(args: argparse.Namespace, context: int, base, variants: list[Variant]) -> dict:
+    """Every variant compiled (first calls) for this context, checked, then timed in turns."""
+    import torch
+
+    shape = DecodeShape(args.batch, context, args.new_tokens + 1)
     prompt = random_prompt(base, shape)
-    variants = [Variant(name, copy.deepcopy(base), args.db, prompt) for name in args.variants.split(",")]
-    row = {"model": args.model, "batch": args.batch, "context": args.context, "new_tokens": args.new_tokens,
+    row = {"model": args.model, "batch": args.batch, "context": context, "new_tokens": args.new_tokens,
            "first_call_s": {}, "gpu": torch.cuda.get_device_name() if args.device == "cuda" else args.device}
     for v in variants:
+        v.prompt = prompt
         start = time.perf_counter()
         v.generate(1 + args.new_tokens)  # the largest call first: generate() keeps its cache length after it
         row["first_call_s"][v.name] = time.perf_counter() - start
         v.generate(1)
     row["cache_len"] = {v.name: int(v.lm._previous_max_cache_length) for v in variants
                         if hasattr(v.lm, "_previous_max_cache_length")}
-    row["forced_error"] = forced_errors(variants, base, prompt, FORCED_STEPS)
+    row["forced_error"] = forced_errors(variants, base, prompt, min(FORCED_STEPS, args.new_tokens))
     times = in_turns({v.name: (lambda v=v: v.per_token_ms(args.new_tokens)) for v in variants}, lambda f: f(),
                      args.rounds)
     row["per_token_ms"] = {name: statistics.median(t) for name, t in times.items()}
@@ -193,11 +202,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("generate_bench: no CUDA GPU here", file=sys.stderr)
         sys.exit(3)
-    row = tune(args) if args.tune else {}
-    row.update(measure(args))
-    if args.out:
-        Path(args.out).write_text(json.dumps(row, indent=2))
-    print(table(row))
+    rows, (base, variants) = [], models(args)
+    for context in sorted(int(c) for c in args.context.split(",")):
+        torch._dynamo.reset()  # else the new cache length recompiles with dynamic shapes, as it would for a user
+        row = tune(args, context) if args.tune else {}
+        row.update(measure(args, context, base, variants))
+        rows.append(row)
+        if args.out:
+            Path(args.out).write_text(json.dumps(rows, indent=2))
+        print(table(row), flush=True)
 
 
 if __name__ == "__main__":
