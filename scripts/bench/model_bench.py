@@ -1,7 +1,9 @@
 """Never slower than torch.compile: the zoo's architectures (tritune/tuner/model/zoo.py, random weights) at a
-prefill shape (1, 2048, hidden) and two decode shapes, 16 sequences (`decode`: 16, 1, hidden) and one
-(`decode1`: 1, 1, hidden); Inductor's default, max-autotune and reduce-overhead against tritune's
-backend, alone and over CUDA graphs.
+prefill shape (1, 2048, hidden) and two cache-less decode shapes, 16 sequences (`decode`: 16, 1, hidden) and
+one (`decode1`: 1, 1, hidden); Inductor's default, max-autotune and reduce-overhead against tritune's
+backend, alone and over CUDA graphs. The decode shapes here are steps without a KV cache (each token
+attends to itself alone): decode as transformers' generate() runs it, with a static cache of a real
+context, is scripts/bench/generate_bench.py's.
 
     python -m scripts.bench.model_bench --out DIR [--models llama,gpt2,qwen2,neox,bert]
             [--shapes prefill,decode,decode1] [--phases tune,compile,latency,overhead,profile]
