@@ -155,14 +155,14 @@ def find(gm: fx.GraphModule, allow_tf32: bool = True) -> list[Matched]:
 def _normed(site: Matched) -> Matched:
     """The site with the row norm its input is read through taken into its kernel, if it can be."""
     if isinstance(site, WideMatch):
-        inputs = tuple(p.a for p in site.projections)
+        kernels = tuple(p.node for p in site.projections)
     elif isinstance(site, GatedMatch):
-        inputs = tuple(_operands(n)[0] for n in (site.node, site.up))
+        kernels = (site.node, site.up)
     elif isinstance(site, Match) and site.node.target in (A.mm.default, A.addmm.default):
-        inputs = (site.a,)
+        kernels = (site.node,)
     else:
         return site
-    return with_norm(site, inputs)
+    return with_norm(site, tuple(_operands(n)[0] for n in kernels), kernels)
 
 
 def _operands(node: fx.Node) -> tuple[fx.Node, fx.Node, tuple, fx.Node | None] | None:

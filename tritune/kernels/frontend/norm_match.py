@@ -11,7 +11,9 @@ When every reader of `out` (through views) is the input of one site (a projectio
 the q/k/v of a wide group; for LayerNorm, a projection of a few rows over a weight stored [N, K]
 that is no LM head: see LAYER_NORM_MAX_ROWS), the site takes the norm into its kernel's
 prologue (`tritune.kernels.norm`): it reads x and g (LayerNorm: and b), and the norm's own kernel
-disappears from the graph.
+disappears from the graph. The rows may come with any leading dimensions: [tokens, hidden] as
+serving engines flatten them (the site reads the norm's output itself), [batch, tokens, hidden] or
+more (the site reads a 2-D view of it).
 A norm with other readers stays a kernel, and the site reads its output as before. So does a
 norm over more than MAX_ROWS rows: there the GEMM is bound by its arithmetic, which the prologue's
 per-tile scaling slows more than the norm's own kernel costs.
@@ -66,15 +68,17 @@ class Norm:
         return (self.g,) if self.b is None else (self.g, self.b)
 
 
-def with_norm(site: Any, inputs: tuple[fx.Node, ...]) -> Any:
+def with_norm(site: Any, inputs: tuple[fx.Node, ...], kernels: tuple[fx.Node, ...]) -> Any:
     """`site` with the norm its input is read through taken into its kernel (its expression's
     `norm_eps` set, its `norm` field the norm), or `site` unchanged. `inputs`: the nodes the site's
-    kernel reads as its input (every projection's view of it); the norm must have no other reader."""
+    kernel reads as its input (every projection's view of it, or the norm's output itself where the
+    rows are already 2-D); `kernels`: the site's contractions, which read them. The norm must have
+    no other reader."""
     if site.expr.m > MAX_ROWS:
         return site
     out = _viewed(inputs[0])
     norm = rms_norm_of(out) or layer_norm_of(out)
-    if norm is None or not _only_read_by(out, set(inputs)):
+    if norm is None or not _only_read_by(out, set(kernels)):
         return site
     layer, x, expr = norm.b is not None, val(norm.x), site.expr
     if layer and not _takes_layer_norm(expr):
@@ -176,7 +180,8 @@ def _viewed(node: fx.Node) -> fx.Node:
 
 
 def _only_read_by(node: fx.Node, readers: set[fx.Node]) -> bool:
-    """Whether every reader of `node`, through views, is one of `readers` (or a view leading only to them)."""
+    """Whether every reader of `node`, through views, is one of `readers` (the site's contractions:
+    whatever the rows' leading dimensions, and so whether or not the site reads a view of `node`)."""
     todo, seen = [node], 0
     while todo and seen < MAX_NODES:
         n = todo.pop()
