@@ -28,7 +28,8 @@ from tritune.kernels.frontend.attention_match import AttentionMatch
 from tritune.kernels.frontend.epilogue_match import (ALIASES, MAX_NODES, VIEWS, Scope, follow, is_view_of, static,
                                                      val, written)
 from tritune.kernels.frontend.helpers import DTYPE_NAMES, contraction_expr, layout_of
-from tritune.kernels.frontend.norm_match import Norm, with_norm
+from tritune.kernels.frontend.norm_match import Norm, viewed, with_norm
+from tritune.kernels.frontend.split_match import column_readers, columns
 from tritune.kernels.gated.expr import Gated
 from tritune.kernels.wide.expr import MAX_WEIGHTS, Wide
 
@@ -81,6 +82,9 @@ class GatedMatch:
     projections: tuple[Match, ...] = ()
     unfused: str = ""
     norm: Norm | None = None  # the row norm x is the output of, taken into the kernel
+    # one contraction computes both products (`node` is `up`, w1 is w2: a weight of both): the
+    # first columns of W1's and of W2's ranges in that [K, 2N] operand (and in its bias); else None
+    columns: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -213,7 +217,12 @@ def _gated(mul: fx.Node, order: dict[fx.Node, int], allow_tf32: bool) -> GatedMa
     x, y = mul.args[:2]
     if not isinstance(x, fx.Node) or not isinstance(y, fx.Node) or x is y:
         return None
-    return _gated_as(x, y, mul, order, allow_tf32) or _gated_as(y, x, mul, order, allow_tf32)
+    for gate_side, up_side in ((x, y), (y, x)):
+        found = _gated_as(gate_side, up_side, mul, order, allow_tf32) or _fused_as(gate_side, up_side, mul, order,
+                                                                                   allow_tf32)
+        if found is not None:
+            return found
+    return None
 
 
 def _gated_as(gate_side: fx.Node, up_side: fx.Node, mul: fx.Node, order: dict[fx.Node, int],
@@ -239,12 +248,44 @@ def _gated_as(gate_side: fx.Node, up_side: fx.Node, mul: fx.Node, order: dict[fx
         return None
     if bias and (val(rg.bias).stride() != val(ru.bias).stride() or val(rg.bias).shape != val(ru.bias).shape):
         return None
+    expr = _gated_expr(xv, w1v, w1v.shape[1], act, bool(bias), allow_tf32)
+    return None if expr is None else GatedMatch(expr, gate, up, xg, w1, w2, rg.bias, ru.bias, mul)
+
+
+def _fused_as(gate_side: fx.Node, up_side: fx.Node, mul: fx.Node, order: dict[fx.Node, int],
+              allow_tf32: bool) -> GatedMatch | None:
+    """mul = gate_side * up_side as act(y[..., g:g+N]) * y[..., u:u+N], y = x @ w [+ b] computed by
+    one contraction read by nothing else (gate and up projections in one weight, as Phi-3's
+    gate_up_proj): a gated pair whose weights are two column ranges of w; or None."""
+    up_slice = viewed(up_side)
+    up_cols = columns(up_slice)
+    node = None if up_cols is None else viewed(up_cols[0])
+    found = None if node is None or node.target not in (A.mm.default, A.addmm.default) else _operands(node)
+    readers = None if found is None else column_readers(node)
+    if readers is None or len(readers) != 2 or up_slice not in readers:
+        return None
+    x, w, start, bias = found
+    (gate_slice, (g, g_end)), = ((r, c) for r, c in readers.items() if r is not up_slice)
+    (u, u_end), n = readers[up_slice], g_end - g
+    region = follow(Scope(gate_slice, order, frozenset({mul})), (), None)
+    act = ACTIVATIONS.get(region.steps)
+    if act is None or region.inputs or u_end - u != n or start != (((BiasAdd(), ()),) if bias is not None else ()):
+        return None
+    if not (is_view_of(gate_side, region.last) and _only_feeds(region.last, mul) and _only_feeds(up_slice, mul)):
+        return None
+    if layout_of(val(x)) or not val(gate_side).shape == val(up_side).shape == val(mul).shape:
+        return None  # the product broadcast: no elementwise pair
+    expr = _gated_expr(val(x), val(w), n, act, bias is not None, allow_tf32)
+    return None if expr is None else GatedMatch(expr, node, node, x, w, w, bias, bias, mul, columns=(g, u))
+
+
+def _gated_expr(x: Any, w: Any, n: int, act: str, bias: bool, allow_tf32: bool) -> Gated | None:
+    """The Gated of x [M, K] times [K, n] weights laid out as `w`, None where there is none."""
     try:
-        expr = Gated(xv.shape[0], w1v.shape[1], xv.shape[1], DTYPE_NAMES[str(xv.dtype)], act,
-                     trans_b=bool(layout_of(w1v)), bias=bool(bias), allow_tf32=allow_tf32)
+        return Gated(x.shape[0], n, x.shape[1], DTYPE_NAMES[str(x.dtype)], act, trans_b=bool(layout_of(w)),
+                     bias=bias, allow_tf32=allow_tf32)
     except ExprError:
         return None
-    return GatedMatch(expr, gate, up, xg, w1, w2, rg.bias, ru.bias, mul)
 
 
 def _source(node: fx.Node) -> fx.Node | None:

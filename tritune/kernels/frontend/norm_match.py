@@ -76,7 +76,7 @@ def with_norm(site: Any, inputs: tuple[fx.Node, ...], kernels: tuple[fx.Node, ..
     no other reader."""
     if site.expr.m > MAX_ROWS:
         return site
-    out = _viewed(inputs[0])
+    out = viewed(inputs[0])
     norm = rms_norm_of(out) or layer_norm_of(out)
     if norm is None or not _only_read_by(out, set(kernels)):
         return site
@@ -170,7 +170,7 @@ def _is_cast(node: Any) -> bool:
         node, torch.ops.prims.convert_element_type.default)
 
 
-def _viewed(node: fx.Node) -> fx.Node:
+def viewed(node: fx.Node) -> fx.Node:
     """The node that `node` is whole views of (itself if it is none)."""
     for _ in range(MAX_NODES):
         if node.op != "call_function" or node.target not in WHOLE or not isinstance(node.args[0], fx.Node):

@@ -23,10 +23,11 @@ class GraphEdit:
         """The node that now computes `node`'s value (itself unless replaced)."""
         return self.replaced.get(node, node)
 
-    def stand_in(self, m: graph.Match | graph.GatedMatch, fused: fx.Node) -> None:
-        """Let `fused`, the value of `m`'s contraction with its epilogue, replace `m.last` (viewed to
-        its shape where the epilogue went through views); inserted where the graph's cursor is."""
-        fused.meta["val"] = out = graph.val(m.node)
+    def stand_in(self, m: graph.Match | graph.GatedMatch, fused: fx.Node, out: Any = None) -> None:
+        """Let `fused`, the value of `m`'s contraction with its epilogue (`out`: its value where that
+        is not the contraction's), replace `m.last` (viewed to its shape where the epilogue went
+        through views); inserted where the graph's cursor is."""
+        fused.meta["val"] = out = graph.val(m.node) if out is None else out
         if graph.val(m.last).shape != out.shape:
             fused = self.graph.call_function(torch.ops.aten.view.default, (fused, list(graph.val(m.last).shape)))
             fused.meta["val"] = graph.val(m.last)
@@ -62,12 +63,30 @@ def contraction(edit: GraphEdit, m: graph.Match, spec: str, op: Any) -> None:
 
 
 def gated(edit: GraphEdit, m: graph.GatedMatch, spec: str, op: Any) -> None:
-    """op(x, w1, w2, b1, b2, spec[, norm]) in place of the gated pair's product, the biases as [N] vectors."""
-    get = edit.get
+    """op(x, w1, w2, b1, b2, spec[, norm]) in place of the gated pair's product, the biases as [N]
+    vectors; of a gate/up projection in one weight, w1 and w2 (and the biases) are views of its
+    column ranges (`_column_ranges`)."""
+    get, n = edit.get, m.expr.n
     with edit.graph.inserting_before(m.last):
-        b1, b2 = (None if b is None else edit.shaped(get(b), graph.val(b), [m.expr.n]) for b in (m.b1, m.b2))
+        if m.columns is None:
+            b1, b2 = (None if b is None else edit.shaped(get(b), graph.val(b), [n]) for b in (m.b1, m.b2))
+            w1, w2, out = get(m.w1), get(m.w2), None
+        else:
+            w1, w2, b1, b2 = _column_ranges(edit, m)
+            out = graph.val(m.node).new_empty((m.expr.m, n))  # the kernel's [M, N], not the contraction's [M, 2N]
         x, norm = edit.read_through(m, m.x)
-        edit.stand_in(m, edit.graph.call_function(op, (x, get(m.w1), get(m.w2), b1, b2, spec, *norm)))
+        edit.stand_in(m, edit.graph.call_function(op, (x, w1, w2, b1, b2, spec, *norm)), out)
+
+
+def _column_ranges(edit: GraphEdit, m: graph.GatedMatch) -> tuple:
+    """W1, W2, b1, b2 of a gated pair computed by one contraction: slices (views, nothing copied)
+    of its [K, 2N] operand's columns and of its bias, at `m.columns` (b1 and b2 None without one)."""
+    g, n = edit.graph, m.expr.n
+    ws = [g.call_function(torch.ops.aten.slice.Tensor, (edit.get(m.w1), 1, c, c + n)) for c in m.columns]
+    if m.b1 is None:
+        return (*ws, None, None)
+    bias = edit.shaped(edit.get(m.b1), graph.val(m.b1), [graph.val(m.b1).numel()])
+    return (*ws, *(g.call_function(torch.ops.aten.slice.Tensor, (bias, 0, c, c + n)) for c in m.columns))
 
 
 def wide(edit: GraphEdit, m: graph.WideMatch, spec: str, op: Any) -> None:

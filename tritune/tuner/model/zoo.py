@@ -8,6 +8,8 @@ benchmarks. Each model takes embeddings [batch, tokens, hidden] in the model's d
 - `qwen2`: decoder as `llama`, with q/k/v biases and a 151936-word LM head tied to the embeddings;
 - `neox`: GPT-NeoX decoder with a parallel residual (x + attn(ln1(x)) + mlp(ln2(x))), one fused
   q/k/v projection, biases, GELU (erf), LayerNorm, partial rotary embeddings, LM head;
+- `phi3`: Phi-3-style decoder as `llama`, with one q/k/v projection sliced into q, k and v and one
+  gate/up projection chunked into up * SiLU(gate), no biases, LM head;
 - `bert`: encoder with biases and GELU.
 
 `weight_bytes(model)` is what one decode step must read of the weights: the floor of a decode
@@ -74,6 +76,18 @@ def neox(hidden: int = 1024, layers: int = LAYERS) -> nn.Module:
                            num_attention_heads=16, vocab_size=50432, max_position_embeddings=4096,
                            use_parallel_residual=True, tie_word_embeddings=False, attn_implementation="sdpa")
     return FromEmbeddings(GPTNeoXForCausalLM(config))
+
+
+def phi3(hidden: int = 3072, layers: int = LAYERS) -> nn.Module:
+    """A Phi-3-style decoder: q/k/v in one projection and gate/up in another (each cut into its
+    parts in the graph), SiLU, RMSNorm, rotary embeddings, 16 query heads over 4 key/value heads
+    (as Phi-3-medium groups 40 over 10), an MLP 8/3 as wide as the model, 32064-word head."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    config = Phi3Config(hidden_size=hidden, intermediate_size=hidden * 8 // 3, num_hidden_layers=layers,
+                        num_attention_heads=16, num_key_value_heads=4, vocab_size=32064,
+                        max_position_embeddings=4096, attn_implementation="sdpa")
+    return FromEmbeddings(Phi3ForCausalLM(config))
 
 
 def bert(hidden: int = 1024, layers: int = LAYERS) -> nn.Module:
