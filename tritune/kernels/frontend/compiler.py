@@ -97,7 +97,7 @@ def inductor(mode: str | None = None, combo: bool = False, early: bool = False, 
     return run
 
 
-def _fallback(fallback: str | Callable, mode: str | None, options: dict | None) -> Callable:
+def _fallback(fallback: str | Callable, mode: str | None, options: dict | None = None) -> Callable:
     if callable(fallback):
         return fallback
     if fallback == "inductor":
