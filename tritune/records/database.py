@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -17,13 +18,14 @@ import sqlite_utils
 
 from tritune.records.result import DeviceKey, MeasureResult, Status
 from tritune.records import jsonl, schema
+from tritune.records.opening import OpenError, Snapshot, check_file, check_pages, check_schema, connect, enable_wal
 from tritune.records.owners import alive
 from tritune.records.schema import SCHEMA_VERSION
 from tritune.schedules.config import Config
 
-BUSY_TIMEOUT_S = 60.0  # how long a write waits for other tuners' writes before it fails
-_SQLITE_MAGIC = b"SQLite format 3\x00"
-_TABLES = ("meta", "workloads", "devices", "trials")
+# damaged rows skipped by a read: without a handler of the caller's, Python's last-resort handler
+# prints the warning alone on stderr
+LOG = logging.getLogger("tritune.records")
 _TIMES = jsonl.TIMES
 _TRIAL_COLUMNS = ("workload", "device", "config_key", "config", "status", *_TIMES, "compile_s", "timestamp", "message",
                   "measured_on")
@@ -45,12 +47,21 @@ class BestRow:
     n_trials: int
 
 
-def _reads(method: Callable) -> Callable:
-    """A read whose failure (a page damaged since the file was opened, a disk gone) is one line."""
+def _reads(method: Callable, again: bool = True) -> Callable:
+    """A read whose failure (a page damaged since the file was opened, a disk gone) is one line. A
+    file read as immutable that changed meanwhile (`opening.Snapshot`) is opened again and read
+    again, or where the read cannot be repeated (`again=False`: it wrote what it read), a DatabaseError."""
     @functools.wraps(method)
     def read(self: "Database", *args: Any, **kwargs: Any) -> Any:
         try:
-            return method(self, *args, **kwargs)
+            value = method(self, *args, **kwargs)
+            if self._changed():
+                if not again:
+                    raise DatabaseError(f"cannot read tuning database {self.path}: another process changed it "
+                                        "while it was read; run the command again")
+                self._reconnect()
+                value = method(self, *args, **kwargs)
+            return value
         except sqlite3.Error as exc:
             raise DatabaseError(f"cannot read tuning database {self.path}: {exc}") from None
     return read
@@ -64,24 +75,40 @@ class Database:
         open. It must not be read with anything but SQLite then: closing any descriptor of the file
         drops every POSIX lock the process holds on it, and another process may then take itself
         for the last user and reset the WAL under the open connections (their commits were lost:
-        SQLite's "How To Corrupt", section 2.2). `readonly`: nothing is ever written to the file."""
+        SQLite's "How To Corrupt", section 2.2). `readonly`: nothing is ever written to the file,
+        nor created or changed beside it (`opening.connect`)."""
         self.path, self.readonly = Path(path), readonly
-        if not checked:
-            _check_file(self.path)
         try:
+            header = b"" if checked else check_file(self.path)
             if not readonly:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite_utils.Database(_connect(self.path, readonly))
-        except (OSError, sqlite3.Error) as exc:
+            self._connect(header, verify=not checked)
+        except (OSError, OpenError) as exc:
             raise self._error(getattr(exc, "strerror", None) or str(exc)) from None
+
+    def _connect(self, header: bytes, verify: bool) -> None:
         try:
-            self._open(verify=not checked)
-        except (sqlite3.Error, sqlite_utils.db.TransactionError) as exc:
+            conn, self._snapshot = connect(self.path, self.readonly, header)
+            self._db = sqlite_utils.Database(conn)
+        except sqlite3.Error as exc:
+            raise self._error(str(exc)) from None
+        try:
+            self._open(verify)
+        except (sqlite3.Error, sqlite_utils.db.TransactionError, OpenError) as exc:
             self._db.close()
             raise self._error(str(exc)) from None
         except DatabaseError:
             self._db.close()
             raise
+
+    def _changed(self) -> bool:
+        """Whether a file read as immutable has changed since it was opened (another user's writer)."""
+        return self._snapshot is not None and self._snapshot != Snapshot.of(self.path)
+
+    def _reconnect(self) -> None:
+        """Open the file again, as it is now."""
+        self._db.close()
+        self._connect(check_file(self.path), verify=False)
 
     @classmethod
     def open_existing(cls, path: str | Path) -> "Database":
@@ -97,14 +124,14 @@ class Database:
         # Every check only reads; the first write (WAL, tables) comes once the file is known to be ours.
         tables = set(self._db.table_names())
         if tables:
-            self._check_schema(tables)
+            check_schema(self._db, tables)
             if verify:
-                self._check_pages()
+                check_pages(self._db)
         elif self.readonly:  # an empty file reads as an empty database, which this one stands in for
             self._db.close()
             self._db = sqlite_utils.Database(sqlite3.connect(":memory:"))
         if not self.readonly:
-            self._enable_wal()
+            enable_wal(self._db)
         # WAL with NORMAL sync: a killed process loses no committed trial; only an OS crash or power
         # cut may lose the last few (never corrupting the file), and a commit costs no fsync
         self._db.execute("PRAGMA synchronous = NORMAL")
@@ -115,43 +142,6 @@ class Database:
                     self._db.conn.execute(statement)
         self._claims_ready = False
         self._measured_on_ready = False
-
-    def _enable_wal(self) -> None:
-        """WAL mode, waiting (up to BUSY_TIMEOUT_S) for other processes opening the same file at
-        once: switching the journal mode does not wait on SQLite's busy timeout, and of four
-        tuners started together on a new file, about one open in twelve failed "database is locked"."""
-        deadline = time.monotonic() + BUSY_TIMEOUT_S
-        while True:
-            try:
-                self._db.enable_wal()  # a no-op where the file is WAL already
-                return
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.01)
-
-    def _check_pages(self) -> None:
-        """Refuse a file with damaged pages that its header and schema do not show (SQLite's
-        quick_check reads every page: about 2 ms per MB)."""
-        found = self._db.execute("PRAGMA quick_check(1)").fetchone()[0]
-        if found != "ok":
-            raise self._error(f"database disk image is malformed ({found.strip().splitlines()[-1]})")
-
-    def _check_schema(self, tables: set[str]) -> None:
-        if "meta" not in tables:
-            raise self._error("not a tritune database (it has no meta table)")
-        row = self._db.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
-        version = _as_int(row[0]) if row else None
-        if version is None:
-            raise self._error("its meta table has no valid schema_version")
-        if version > SCHEMA_VERSION:
-            raise self._error(f"schema version {version} is newer than this tritune supports "
-                              f"({SCHEMA_VERSION}); upgrade tritune")
-        if version < SCHEMA_VERSION:
-            raise self._error(f"schema version {version} is older than {SCHEMA_VERSION} and has no migration")
-        missing = [t for t in _TABLES if t not in tables]
-        if missing:
-            raise self._error(f"missing tables: {', '.join(missing)}")
 
     def close(self) -> None:
         """Close the connection."""
@@ -258,16 +248,17 @@ class Database:
         sql, params = "SELECT * FROM trials WHERE workload = ?", [workload_key]
         if device is not None:
             sql, params = sql + " AND device = ?", params + [device.key]
-        return [_result(row) for row in self._db.query(sql + " ORDER BY id", params)]
+        return list(self._parsed(self._db.query(sql + " ORDER BY id", params), _result))
 
     @_reads
     def best(self, workload_key: str, device: DeviceKey) -> MeasureResult | None:
         """The OK trial a workload runs on a device: the winner of its head-to-head where one was
         stored (`save_verdict`), else the one with the lowest median time; None if none ran."""
         rows = self._db.query(
-            "SELECT * FROM trials t WHERE workload = ? AND device = ? AND status = 'OK' AND t_median IS NOT NULL "
+            f"SELECT * FROM trials t WHERE workload = ? AND device = ? AND {schema.TIMED} "
             f"ORDER BY {self._order()} LIMIT 1", [workload_key, device.key])
-        return next((_result(row) for row in rows), None)
+        found = list(self._parsed(rows, _result))
+        return found[0] if found else None
 
     def save_verdict(self, workload_key: str, device: DeviceKey, winner: Config, detail: dict) -> None:
         """Store which stored config won a workload's final head-to-head (and its timings)."""
@@ -292,15 +283,29 @@ class Database:
                                [graph, device.key, mode]).fetchone()
         return row[0] if row else None
 
+    def _parsed(self, rows: Iterable[dict], make: Callable[[dict], Any]) -> Iterator[Any]:
+        """make(row) of each row but a damaged one (JSON that does not parse, an unknown status, a
+        time below zero or not finite), which is skipped, with one warning once all are read."""
+        damaged = []
+        for row in rows:
+            try:
+                made = make(row)
+            except (ValueError, TypeError, KeyError, RecursionError) as exc:  # json's errors are ValueErrors
+                damaged.append(f"row {row.get('id')}: {str(exc)[:200] or type(exc).__name__}")
+                continue
+            yield made
+        if damaged:
+            LOG.warning(f"tritune: skipped {len(damaged)} damaged trial{'s' * (len(damaged) > 1)} "
+                        f"of {self.path} ({damaged[0]})")
+
     def _order(self) -> str:
         return schema.ORDER_WITH_VERDICTS if "verdicts" in self._db.table_names() else schema.ORDER
 
     @_reads
     def best_rows(self, op: str | None = None) -> list[BestRow]:
         """The best OK trial of every (workload, device) pair, optionally of one op."""
-        return [BestRow(row["workload"], row["op"], row["dtype"], row["workload_spec"],
-                        DeviceKey.from_json(row["device_spec"]), _result(row), row["n_trials"])
-                for row in self._db.query(schema.BEST_ROWS.format(order=self._order()), {"op": op})]
+        sql = schema.BEST_ROWS.format(order=self._order(), timed=schema.TIMED)
+        return list(self._parsed(self._db.query(sql, {"op": op}), _best_row))
 
     @_reads
     def workloads(self, op: str | None = None) -> list[tuple[str, str, str, str]]:
@@ -309,7 +314,7 @@ class Database:
                                 "ORDER BY created, key", {"op": op})
         return [tuple(row) for row in rows]
 
-    @_reads
+    @functools.partial(_reads, again=False)
     def export_jsonl(self, fp: TextIO) -> int:
         """Write every trial as one self-contained JSON line (the winner of its workload's
         head-to-head marked `"verdict": true`); returns lines written."""
@@ -317,9 +322,12 @@ class Database:
         winners = set()
         if "verdicts" in self._db.table_names():
             winners = {tuple(r) for r in self._db.execute("SELECT workload, device, winner FROM verdicts")}
-        for row in self._db.query(schema.EXPORT):
-            won = (row["workload"], row["device"], row["config_key"]) in winners
-            fp.write(jsonl.trial_line(row, won) + "\n")
+
+        def line(row: dict) -> str:
+            return jsonl.trial_line(row, (row["workload"], row["device"], row["config_key"]) in winners)
+
+        for text in self._parsed(self._db.query(schema.EXPORT), line):
+            fp.write(text + "\n")
             n += 1
         return n
 
@@ -359,41 +367,17 @@ class Database:
             "SELECT 1 FROM verdicts WHERE workload = ? AND device = ? AND winner = ?", key).fetchone())
 
 
-def _connect(path: Path, readonly: bool) -> sqlite3.Connection:
-    if readonly:  # SQLite's read-only mode: no write reaches the file, whatever runs on the connection
-        return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
-    return sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S)
-
-
-def _check_file(path: Path) -> None:
-    """Refuse, without touching it, a path that is a directory, unreadable or not SQLite."""
-    prefix = f"cannot open tuning database {path}"
-    if path.is_dir():
-        raise DatabaseError(f"{prefix}: it is a directory")
-    if not path.exists():
-        return
-    try:
-        with path.open("rb") as f:
-            header = f.read(len(_SQLITE_MAGIC))
-    except OSError as exc:
-        raise DatabaseError(f"{prefix}: {exc.strerror}") from None
-    if header and header != _SQLITE_MAGIC:  # an empty file is a valid, empty SQLite database
-        raise DatabaseError(f"{prefix}: file is not a database")
-
-
-def _as_int(value: Any) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
 def _trial_row(workload_key: str, device_key: str, r: MeasureResult) -> tuple:
     return (workload_key, device_key, r.config.key, r.config.to_json(), r.status.value,
             r.t_min, r.t_p20, r.t_median, r.t_p80, r.compile_s, r.timestamp, r.message, r.measured_on)
 
 
 def _result(row: dict) -> MeasureResult:
-    return MeasureResult(Config.from_json(row["config"]), Status(row["status"]), row["t_min"], row["t_p20"],
-                         row["t_median"], row["t_p80"], row["compile_s"], row["timestamp"], row["message"],
-                         row.get("measured_on") or "")
+    return jsonl.checked(MeasureResult(
+        Config.from_json(row["config"]), Status(row["status"]), row["t_min"], row["t_p20"], row["t_median"],
+        row["t_p80"], row["compile_s"], row["timestamp"], row["message"], row.get("measured_on") or ""))
+
+
+def _best_row(row: dict) -> BestRow:
+    return BestRow(row["workload"], row["op"], row["dtype"], row["workload_spec"],
+                   DeviceKey.from_json(row["device_spec"]), _result(row), row["n_trials"])

@@ -1,8 +1,10 @@
 """Replay context: which stored config to run for a workload on a device. No Triton here."""
 from __future__ import annotations
 
+import atexit
 import json
 import threading
+import weakref
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -22,16 +24,35 @@ class _Local(threading.local):
 
 _local = _Local()
 _histories: dict[Any, HistoryBest] = {}  # one per database a `db=` argument named (None: the default one)
+_opened: "weakref.WeakSet[HistoryBest]" = weakref.WeakSet()  # histories that opened their database, while they live
 
 
 class HistoryBest:
     """Best stored configs of one database, looked up once per (workload, device) and cached."""
 
     def __init__(self, db: Database | str | Path) -> None:
-        self.db = db if isinstance(db, Database) else Database.open_existing(db)
+        # opened now, so that a missing or broken file is reported here, not at a first lookup
+        self._db: Database | None = db if isinstance(db, Database) else Database.open_existing(db)
+        self._path = None if isinstance(db, Database) else Path(db)  # the file it opened itself
+        if self._path is not None:
+            _opened.add(self)
         self._best: dict[tuple[str, str], Config | None] = {}
         self._tuned: dict[tuple[str, str, str], list[tuple[dict, Config]]] = {}
         self._graphs: dict[tuple[str, str, str], str | None] = {}
+
+    @property
+    def db(self) -> Database:
+        """The database (opened again where it was closed)."""
+        if self._db is None:
+            self._db = Database.open_existing(self._path)
+        return self._db
+
+    def close(self) -> None:
+        """Close the database where this history opened it: a reading connection's side files (a WAL
+        database's -wal and -shm, made for it) go as it closes. A later lookup opens it again."""
+        if self._path is not None and self._db is not None:
+            self._db.close()
+            self._db = None
 
     def best(self, workload_key: str, device: DeviceKey) -> Config | None:
         """The fastest stored config of exactly this workload on this device, or None."""
@@ -73,6 +94,8 @@ def apply_history_best(db: Database | str | Path) -> Iterator[HistoryBest]:
         yield context
     finally:
         _local.stack.pop()
+        if context is not db:  # made for this block
+            context.close()
 
 
 def current() -> HistoryBest | None:
@@ -91,6 +114,13 @@ def history_of(db: Any) -> HistoryBest | None:
     if db not in _histories:
         _histories[db] = HistoryBest(db)
     return _histories[db]
+
+
+@atexit.register
+def _close() -> None:
+    """Close the databases of the histories that opened theirs and still live (a compiled model's)."""
+    for history in list(_opened):
+        history.close()
 
 
 def _default() -> HistoryBest | None:

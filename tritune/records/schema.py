@@ -47,6 +47,12 @@ CREATE TABLE IF NOT EXISTS graph_verdicts (
 # first write of a trial (older tritunes name their columns and leave it at its default).
 MEASURED_ON = "ALTER TABLE trials ADD COLUMN measured_on TEXT NOT NULL DEFAULT ''"
 
+# The trials that compete to be the best: correct and timed, and not damaged (a time that is text or
+# below zero, a config that is not JSON): a damaged row must not hide the valid best behind it
+_NUMBER = "(typeof({0}) IN ('real', 'integer') AND {0} >= 0)"
+TIMED = " AND ".join(["status = 'OK'", "json_valid(config)",
+                      *(_NUMBER.format(c) for c in ("t_median", "compile_s", "timestamp")),
+                      *(f"({c} IS NULL OR {_NUMBER.format(c)})" for c in ("t_min", "t_p20", "t_p80"))])
 # How the best trial is chosen: the verdict's winner where there is one, else the lowest median.
 ORDER = "t_median, t.id"
 ORDER_WITH_VERDICTS = ("COALESCE(t.config_key = (SELECT winner FROM verdicts v WHERE v.workload = t.workload "
@@ -56,7 +62,7 @@ ORDER_WITH_VERDICTS = ("COALESCE(t.config_key = (SELECT winner FROM verdicts v W
 BEST_ROWS = """
 WITH ranked AS (
     SELECT t.*, ROW_NUMBER() OVER (PARTITION BY workload, device ORDER BY {order}) AS pos
-    FROM trials t WHERE status = 'OK' AND t_median IS NOT NULL),
+    FROM trials t WHERE {timed}),
 counts AS (SELECT workload, device, COUNT(*) AS n FROM trials GROUP BY workload, device)
 SELECT r.*, w.op, w.dtype, w.spec AS workload_spec, d.spec AS device_spec, c.n AS n_trials
 FROM ranked r
