@@ -69,11 +69,12 @@ def test_missing_database_for_reading_commands(capsys, tmp_path):
 
 def test_export_import_and_best(capsys, tmp_path):
     src = Database(tmp_path / "a.db")
-    src.add_workload("w1", "matmul", "fp16", '{"op":"matmul","batch":1,"m":64,"n":64,"k":64,"dtype":"fp16"}')
+    key = make_expr("matmul", "64", "fp16").key  # an import checks that a workload's key is its spec's
+    src.add_workload(key, "matmul", "fp16", '{"op":"matmul","batch":1,"m":64,"n":64,"k":64,"dtype":"fp16"}')
     device = DeviceKey("GPU", "9.0", "3.6", "2.11", "t")
     cfg = Config.of(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=1, num_warps=4, num_stages=2, UNROLL=1)
-    src.save("w1", device, [MeasureResult(cfg, Status.OK, 0.01, 0.011, 0.012, 0.013, 1.0),
-                            MeasureResult(cfg.replace(BLOCK_M=128), Status.TIMEOUT, message="hang")])
+    src.save(key, device, [MeasureResult(cfg, Status.OK, 0.01, 0.011, 0.012, 0.013, 1.0),
+                           MeasureResult(cfg.replace(BLOCK_M=128), Status.TIMEOUT, message="hang")])
     src.close()
     dump = tmp_path / "dump.jsonl"
     assert cli(capsys, "export", "--db", str(tmp_path / "a.db"), "--out", str(dump))[0] == 0

@@ -11,11 +11,14 @@ import numpy as np
 from tritune.cost_model.evaluate import (Dataset, convergence, cross_validate, learning_curve, load_datasets,
                                          transfer)
 from tritune.cost_model.xgb import XGBCostModel
+from tritune.records import files
 from tritune.records.database import Database
 
 SIZES = (16, 32, 64, 128, 256, 512, 1024)
 SHOWN = ("spearman", "kendall", "pairwise", "recall@10", "peak@1", "peak@10", "failure_auc")
 HEADERS = ("ρ", "τ", "pairs", "R@10", "peak@1", "peak@10", "fail AUC")
+# every file a report may write (transfer.png only with two workloads or more)
+FILES = ("report.json", "report.html", "scatter.png", "learning_curve.png", "transfer.png", "convergence.png")
 
 
 class ReportError(ValueError):
@@ -28,7 +31,11 @@ def build(db: Database, op: str | None = None, min_trials: int = 32, folds: int 
     if op is not None and not db.workloads(op):
         known = sorted({w[1] for w in db.workloads()})
         raise ReportError(f"no workloads of op {op!r} in {db.path}; stored ops: {', '.join(known) or 'none'}")
-    sets = load_datasets(db, op, min_trials)
+    try:
+        sets = load_datasets(db, op, min_trials)
+    except (KeyError, ValueError, TypeError) as exc:  # a stored config or spec its op cannot read
+        raise ReportError(f"cannot read the trials in {db.path}: a stored workload or config is damaged "
+                          f"({type(exc).__name__}: {str(exc)[:200]})") from None
     if not sets:
         raise ReportError(f"no workload in {db.path} has {min_trials} or more trials on one device "
                           f"(tune with --trials {min_trials} or more, or lower --min-trials)")
@@ -76,12 +83,13 @@ def clean(obj):
 
 
 def write(result: dict, sets: list[Dataset], scores: dict, out: Path) -> list[Path]:
-    """report.json, report.html and its PNG plots in `out`."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(clean(result), indent=1, allow_nan=False))
-    plots = _plots(result, sets, scores, out)
-    (out / "report.html").write_text(_html(result, plots))
-    return [out / "report.json", out / "report.html", *plots]
+    """report.json, report.html and its PNG plots in `out` (made if missing), put there together
+    once all are written (`records.files.filled`): a report stopped midway leaves `out` as it was."""
+    with files.filled(out) as stage:
+        (stage / "report.json").write_text(json.dumps(clean(result), indent=1, allow_nan=False))
+        plots = _plots(result, sets, scores, stage)
+        (stage / "report.html").write_text(_html(result, plots))
+    return [out / "report.json", out / "report.html", *(out / p.name for p in plots)]
 
 
 def _plots(result: dict, sets: list[Dataset], scores: dict, out: Path) -> list[Path]:

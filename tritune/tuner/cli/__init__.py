@@ -22,13 +22,12 @@ from tritune.records.database import Database, DatabaseError
 from tritune.search import REGISTRY
 from tritune.settings import SETTINGS
 from tritune.tuner import breakdown
-from tritune.tuner.cli import inputs, paths
-from tritune.tuner.cli.inputs import EXIT_NO_GPU, EXIT_USAGE, UsageError, cluster_options, make_expr
+from tritune.tuner.cli import inputs, paths, stops
+from tritune.tuner.cli.inputs import EXIT_NO_GPU, EXIT_USAGE, Finite, UsageError, cluster_options, make_expr
 from tritune.tuner.cli.paths import db_option, open_db
 from tritune.tuner.cli.recording import recording
+from tritune.tuner.cli.stops import EXIT_SIGINT, EXIT_SIGTERM, Terminated
 
-EXIT_SIGINT, EXIT_SIGTERM = 130, 143  # 128 + the signal, as shells report them
-STORED = "every measured trial is stored, a rerun resumes"
 
 
 @contextmanager
@@ -40,14 +39,6 @@ def reading(path: str | None) -> Iterator[Database]:
             yield db
         except DatabaseError as exc:
             raise UsageError(str(exc)) from None
-
-
-class Terminated(BaseException):
-    """SIGTERM (timeout, systemd, Kubernetes, Slurm): stop as Ctrl-C stops."""
-
-
-def _terminate(signum: int, frame: Any) -> None:
-    raise Terminated()
 
 
 @contextmanager
@@ -62,6 +53,7 @@ def tuning(db_path: str | None, options: Any, meanwhile: Any = None) -> Iterator
 
     if Path(db_path or SETTINGS.db_path).exists():
         open_db(db_path, must_exist=True).close()  # a bad file is reported before anything else
+    paths.writable_db(db_path)  # and one it cannot write: bad input, before the GPU check
     with ExitStack() as stack:
         before, start = breakdown.process_age_s(), time.perf_counter()
         try:
@@ -118,7 +110,7 @@ def cli() -> None:
                    "measurements shipped for its generation (all), only the database (db), nothing (none)")
 @click.option("--batch-size", default=32, show_default=True, type=click.IntRange(1), help="candidates per round")
 @click.option("--early-stop", default=None, type=click.IntRange(1), help="stop after this many trials without a new best")
-@click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(1), help="seconds before a candidate counts as hung")
+@click.option("--timeout", default=30.0, show_default=True, type=Finite(1), help="seconds before a candidate counts as hung")
 @click.option("--workers", default=None, type=click.IntRange(1), help="compile processes [default: one per core]")
 @click.option("--devices", default=None, help="GPUs to measure on, e.g. 0,1 or all (one worker each) [default: the first]")
 @cluster_options
@@ -140,10 +132,13 @@ def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, acti
     inputs.known_strategy(strategy)
     options = TuneOptions(trials, strategy, seed, batch_size, early_stop, timeout, workers, tuple(faults), prior, verbose,
                           *inputs.where(devices, cluster, cluster_wait))
+    if summary_json:
+        paths.not_the_database([summary_json], db_path)
     with tuning(db_path, options) as (gpu, db):
         summary = tune(expr, db, options, gpu, report=Terminal())
     if summary_json:
-        Path(summary_json).write_text(json.dumps(summary, indent=2))
+        with paths.output(summary_json, db_path) as fp:
+            fp.write(json.dumps(summary, indent=2))
 
 
 @cli.command("tune-model")
@@ -235,7 +230,7 @@ def _no_check(asked: bool) -> list[dict]:
 @click.option("--scheduler", required=True, metavar="ADDRESS", help="the Dask scheduler to serve (tcp://HOST:8786)")
 @click.option("--devices", default="all", show_default=True, help="this host's GPUs to measure on, e.g. 0,1 or all")
 @click.option("--name", default=None, help="this host's name in the cluster and in the records [default: hostname]")
-@click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(1), help="seconds before a candidate counts as hung")
+@click.option("--timeout", default=30.0, show_default=True, type=Finite(1), help="seconds before a candidate counts as hung")
 @click.option("--workers", default=None, type=click.IntRange(1), help="compile processes [default: one per core]")
 def worker(scheduler, devices, name, timeout, workers) -> None:
     """Measure for tune-cli runs on a cluster: this host's GPUs and compile pool, until stopped."""
@@ -270,8 +265,8 @@ def best(op, db_path) -> None:
               callback=paths.output_file, help="JSONL file ('-' = stdout)")
 @db_option
 def export_(out_path, db_path) -> None:
-    """Write every stored trial as JSON lines."""
-    with reading(db_path) as db, click.open_file(out_path, "w") as fp:
+    """Write every stored trial as JSON lines (the file is put in place once complete)."""
+    with reading(db_path) as db, paths.output(out_path, db_path) as fp:
         n = db.export_jsonl(fp)
     click.echo(f"exported {_trials(n)}", err=True)
 
@@ -280,14 +275,19 @@ def export_(out_path, db_path) -> None:
 @click.argument("src", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
 @db_option
 def import_(src, db_path) -> None:
-    """Add trials from a JSONL file (all or nothing; stored configs are kept)."""
+    """Add trials from a JSONL file (all or nothing; stored configs are kept), each checked first."""
+    from tritune.records.files import not_a_regular_file
     from tritune.records.jsonl import parse_lines
+    from tritune.tuner.cli.imports import check_trial
 
+    name, unreadable = ("stdin", None) if src == "-" else (src, not_a_regular_file(src))
+    if unreadable:  # a FIFO would wait for a writer
+        raise UsageError(f"cannot import {src}: {unreadable}")
     try:
         with click.open_file(src, "rb") as fp:  # bytes: a line that is not UTF-8 is named
-            parsed = parse_lines(fp)  # the whole file is checked before the database is opened
+            parsed = parse_lines(fp, check_trial)  # the whole file is checked before the database is opened
     except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot import {'stdin' if src == '-' else src}: {getattr(exc, 'strerror', None) or exc}") from None
+        raise UsageError(f"cannot import {name}: {getattr(exc, 'strerror', None) or exc}") from None
     with open_db(db_path) as db:
         try:
             n = db.import_trials(parsed)
@@ -316,30 +316,36 @@ def report(op, out_dir, min_trials, folds, db_path) -> None:
     from tritune.tuner.cli.display import out
 
     op = inputs.known_op(op)
+    paths.not_the_database([Path(out_dir) / name for name in rep.FILES], db_path)
     with reading(db_path) as db:
         try:
             result, sets, scores = rep.build(db, op, min_trials, folds)
         except rep.ReportError as exc:
             raise UsageError(str(exc)) from None
         Console(width=max(out.width, 130)).print(rep.table(result))  # ten columns: never squeeze them
-        paths = rep.write(result, sets, scores, Path(out_dir))
-    click.echo(f"wrote {', '.join(str(p) for p in paths)}", err=True)
+        try:
+            written = rep.write(result, sets, scores, Path(out_dir))
+        except OSError as exc:
+            raise UsageError(f"cannot write the report in {out_dir}: {exc.strerror or exc}") from None
+    click.echo(f"wrote {', '.join(str(p) for p in written)}", err=True)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI, turning usage errors into one line and exit code 2. SIGINT and
-    SIGTERM stop a run at once (every measured trial is already stored; the children are stopped
-    on the way out) with exit codes 130 and 143."""
+    SIGTERM stop a command at once (a run's measured trials are already stored; the children are
+    stopped on the way out) with exit codes 130 and 143 and a line that says what was kept."""
     previous = signal.getsignal(signal.SIGTERM)
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        signal.signal(signal.SIGTERM, _terminate)
+        signal.signal(signal.SIGTERM, stops.terminate)
+        stops.quiet_children(argv)
         warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION.*")
         cli.main(args=argv, prog_name="tune-cli", standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt):
-        click.echo(f"tune-cli: interrupted (SIGINT); {STORED}", err=True)
+        click.echo(f"tune-cli: interrupted (SIGINT){stops.kept(argv)}", err=True)
         sys.exit(EXIT_SIGINT)
     except Terminated:
-        click.echo(f"tune-cli: terminated (SIGTERM); {STORED}", err=True)
+        click.echo(f"tune-cli: terminated (SIGTERM){stops.kept(argv)}", err=True)
         sys.exit(EXIT_SIGTERM)
     except DatabaseError as exc:  # a write refused mid-run: a full disk, a read-only file
         click.echo(f"tune-cli: {exc}; the run stopped, the trials stored before are kept", err=True)

@@ -170,18 +170,26 @@ def time_table(times: dict) -> Table:
 
 
 def best_table(rows: Sequence) -> Table:
-    """`tune-cli best`: one row per workload and device."""
+    """`tune-cli best`: one row per workload and device (a workload whose stored spec is damaged is
+    left out, and counted in the caption)."""
     table = Table(title="best stored configs")
     for col in ("workload", "device", "trials", "median ms", "throughput", "config"):
         table.add_column(col)
+    damaged = 0
     for row in rows:
-        expr = expr_from_dict(json.loads(row.workload_spec))
+        try:
+            expr = expr_from_dict(json.loads(row.workload_spec))
+        except (ValueError, KeyError, TypeError, RecursionError):  # ExprError and json's errors are ValueErrors
+            damaged += 1
+            continue
         dev = f"{row.device.gpu} (triton {row.device.triton})"
         ms = row.result.t_median
         table.add_row(expr.describe(), dev, str(row.n_trials), f"{ms:.4f}", rate(expr, ms),
                       config_text(row.result))
     if not rows:
         table.caption = "no tuned workloads yet: run `tune-cli run --op matmul --shape 4096`"
+    elif damaged:
+        table.caption = f"left out: {damaged} workload{'s' * (damaged > 1)} whose stored spec is damaged"
     return table
 
 

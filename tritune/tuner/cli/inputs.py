@@ -3,6 +3,7 @@ and exit code 2 (the paths are checked as click parses them: `cli.paths`)."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import click
@@ -21,12 +22,24 @@ class UsageError(click.ClickException):
     exit_code = EXIT_USAGE
 
 
+class Finite(click.FloatRange):
+    """A number in a range that is finite: click's FloatRange takes 'nan', which no bound refuses."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
 def make_expr(op: str, shape: str, dtype: str, **options: str | None) -> Any:
     """`parse_expr`, with what the user must fix as one line and exit code 2."""
     try:
         return parse_expr(op, shape, dtype, **options)
     except (ExprError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+    except RecursionError:  # a JSON epilogue nested deeper than Python's stack
+        raise UsageError("bad --epilogue: nested too deeply") from None
 
 
 def workload_expr(text: str) -> Any:
@@ -40,6 +53,8 @@ def workload_expr(text: str) -> Any:
         return expr_from_dict(spec)
     except (ExprError, ValueError) as exc:  # json's decode error is a ValueError
         raise UsageError(f"bad --workload {text!r}: {exc}") from None
+    except RecursionError:
+        raise UsageError("bad --workload: nested too deeply") from None
 
 
 def ops_help() -> str:
@@ -64,7 +79,7 @@ def known_strategy(strategy: str) -> str:
 
 def cluster_options(command: Any) -> Any:
     """`--cluster ADDRESS` and `--cluster-wait S`, for the commands that tune."""
-    command = click.option("--cluster-wait", default=30.0, show_default=True, type=click.FloatRange(0),
+    command = click.option("--cluster-wait", default=30.0, show_default=True, type=Finite(0),
                            help="with --cluster: seconds to wait for a first GPU host to join")(command)
     return click.option("--cluster", default=None, metavar="ADDRESS",
                         help="measure on the GPU hosts of this Dask scheduler (tcp://HOST:8786), each started "

@@ -12,7 +12,7 @@ from tritune.kernels.expr import DTYPES
 from tritune.kernels.faults import FAULTS
 from tritune.kernels.family import ops
 from tritune.tuner.cli import inputs, paths
-from tritune.tuner.cli.inputs import EXIT_NO_GPU, UsageError, make_expr
+from tritune.tuner.cli.inputs import EXIT_NO_GPU, Finite, UsageError, make_expr
 from tritune.tuner.cli.paths import db_option, open_db
 
 @click.group()
@@ -38,8 +38,8 @@ def _recording_errors() -> Iterator[None]:
 
 def _timing_options(command: Any) -> Any:
     """`--warmup-ms` and `--rep-ms`: the timing of every measurement."""
-    command = click.option("--rep-ms", type=click.FloatRange(0.1), help="timed repetitions per measurement, ms")(command)
-    return click.option("--warmup-ms", type=click.FloatRange(0), help="warm-up per measurement, ms")(command)
+    command = click.option("--rep-ms", type=Finite(0.1), help="timed repetitions per measurement, ms")(command)
+    return click.option("--warmup-ms", type=Finite(0), help="warm-up per measurement, ms")(command)
 
 
 @recording.command("sample", epilog=inputs.ops_help())
@@ -51,7 +51,7 @@ def _timing_options(command: Any) -> Any:
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--where", default="", help="only configs with these knob values: KNOB=V,KNOB=V")
 @click.option("--faults", default="", help=f"give the first configs these faults, to check isolation: of {', '.join(FAULTS)}")
-@click.option("--timeout", default=20.0, show_default=True, type=click.FloatRange(1), help="seconds before a candidate counts as hung")
+@click.option("--timeout", default=20.0, show_default=True, type=Finite(1), help="seconds before a candidate counts as hung")
 @_timing_options
 @click.option("--refine", default=0, show_default=True, type=click.IntRange(0), help="re-time the N fastest configs ...")
 @click.option("--repeats", default=5, show_default=True, type=click.IntRange(1), help="... this many more times; keep the median")
@@ -71,8 +71,8 @@ def recording_sample(op, shape, dtype, count, workload, seed, where, faults, tim
     with _recording_errors():
         pipeline.parse_where(where)  # a malformed one is reported before the GPU starts
         sampled = pipeline.sample(expr, count, seed, where, injected, timing, timeout, refine, repeats)
-    if out:
-        write_lines(out, sampled.meta, sampled.rows)
+        if out:
+            write_lines(out, sampled.meta, sampled.rows)
     click.echo("\n".join(pipeline.describe_sample(sampled)))
 
 
@@ -91,7 +91,7 @@ def recording_refine(src, dst, top, repeats, warmup_ms, rep_ms) -> None:
     with _recording_errors():
         meta, rows = read_lines(src)
         meta = pipeline.refine(meta, rows, top, repeats, warmup_ms, rep_ms)
-    write_lines(dst, meta, rows)
+        write_lines(dst, meta, rows)
     click.echo(pipeline.describe_refine(meta, rows))
 
 
@@ -105,7 +105,7 @@ def recording_merge(out, parts) -> None:
 
     with _recording_errors():
         meta, rows = pipeline.merge([read_lines(p) for p in parts])
-    write_lines(out, meta, rows)
+        write_lines(out, meta, rows)
     click.echo(f"{len(rows)} configs from {len(parts)} parts -> {out}")
 
 

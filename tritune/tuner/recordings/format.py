@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tritune.kernels.family import expr_from_dict, family
+from tritune.records import files
 from tritune.records.result import DeviceKey, MeasureResult, Status
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits
@@ -29,26 +30,36 @@ class RecordingError(ValueError):
     """A file that is not a recording, or recordings that cannot be joined (the message is one line)."""
 
 
-def _open(path: str | Path, mode: str) -> Any:
-    return (gzip.open if str(path).endswith(".gz") else open)(path, mode)
+def _open(path: str | Path, mode: str, name: str | Path | None = None) -> Any:
+    """The file at `path`, gzip-compressed where `name` (else the path) ends in .gz."""
+    return (gzip.open if str(name or path).endswith(".gz") else open)(path, mode)
 
 
 def read_lines(path: str | Path) -> tuple[dict, list[dict]]:
     """A recording file as it is stored: its meta line and one dict per config (.jsonl or .jsonl.gz)."""
+    unreadable = files.not_a_regular_file(path)
+    if unreadable:  # a FIFO would wait for a writer
+        raise RecordingError(f"{path}: not a recording: {unreadable}")
     try:
         with _open(path, "rt") as fp:
             meta = json.loads(fp.readline())["meta"]
             return meta, [json.loads(line) for line in fp]
-    except (ValueError, KeyError, TypeError, EOFError, gzip.BadGzipFile) as exc:
+    except (ValueError, KeyError, TypeError, EOFError, gzip.BadGzipFile, RecursionError) as exc:
         raise RecordingError(f"{path}: not a recording (a meta line, then one JSON line per config): "
                              f"{type(exc).__name__}") from None
+    except OSError as exc:
+        raise RecordingError(f"{path}: cannot read it: {exc.strerror or exc}") from None
 
 
 def write_lines(path: str | Path, meta: dict, rows: list[dict]) -> None:
-    """Store a recording (gzip-compressed when the name ends in .gz)."""
-    with _open(path, "wt") as fp:
-        fp.write(json.dumps({"meta": meta}) + "\n")
-        fp.writelines(json.dumps(r) + "\n" for r in rows)
+    """Store a recording (gzip-compressed when the name ends in .gz), put in place once complete
+    (`records.files.written`); RecordingError (one line) where it cannot be written."""
+    try:
+        with files.written(path) as part, _open(part, "wt", name=path) as fp:
+            fp.write(json.dumps({"meta": meta}) + "\n")
+            fp.writelines(json.dumps(r) + "\n" for r in rows)
+    except OSError as exc:
+        raise RecordingError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def meta_line(expr: Any, device: dict, torch_ms: float, **facts: Any) -> dict:
