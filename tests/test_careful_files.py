@@ -60,6 +60,9 @@ def test_an_export_to_a_pipe_is_written_in_place(tmp_path):
     with open(fifo) as reader:  # the export opens the pipe once it writes: it waits for this reader
         lines = reader.read().splitlines()
     assert proc.wait(timeout=60) == 0 and len(lines) == 3 and fifo.is_fifo()
+    piped = subprocess.run([sys.executable, "-m", "tritune", "export", "--db", str(db), "--out", "/dev/stdout"],
+                           capture_output=True, text=True, timeout=60)  # a link to a pipe
+    assert piped.returncode == 0 and len(piped.stdout.splitlines()) == 3, piped.stderr
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_part(tmp_path):

@@ -73,10 +73,10 @@ def written(path: str | Path) -> Iterator[Path]:
     """The path to write a file's content to: a hidden part beside `path`, renamed onto it when the
     block ends without an error (flushed to disk first), removed when it ends with one (Ctrl-C,
     SIGTERM, a full disk). A path that exists and is not a regular file is yielded itself."""
-    target = Path(os.path.realpath(path))  # a link's target is replaced, not the link
-    if target.exists() and not_a_regular_file(target):
-        yield target
+    if os.path.exists(path) and not_a_regular_file(path):  # (/dev/stdout links to a pipe's name, not a path)
+        yield Path(path)
         return
+    target = Path(os.path.realpath(path))  # a link's target is replaced, not the link
     part = _beside(target)
     try:
         yield part
