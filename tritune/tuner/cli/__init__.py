@@ -170,6 +170,8 @@ def tune_model(model_spec, input_shapes, decode, dtype, trials, strategy, seed, 
 
     inputs.known_strategy(strategy)
     decode = inputs.decode_shape(input_shapes, decode)
+    if summary_json:
+        paths.not_the_database([summary_json], db_path)
     if dry_run:
         display.out.print(display.plan_table(inputs.planned(model_spec, input_shapes, dtype, trials, decode)))
         return
@@ -189,7 +191,8 @@ def tune_model(model_spec, input_shapes, decode, dtype, trials, strategy, seed, 
         display.out.print(display.result_table(summaries))
         checks = _check_model(early) if early is not None else _no_check(check and not cluster)
     if summary_json:
-        Path(summary_json).write_text(json.dumps({"tasks": summaries, "model_check": checks}, indent=2))
+        with paths.output(summary_json, db_path) as fp:
+            fp.write(json.dumps({"tasks": summaries, "model_check": checks}, indent=2))
 
 
 def _early_check(spec: str, input_shapes: tuple[str, ...], decode: str | None, dtype: str, db_path: Any) -> Any:

@@ -30,6 +30,8 @@ def load_factory(spec: str) -> Callable[[], Any]:
         module = _load_file(where) if where.endswith(".py") else importlib.import_module(where)
     except ModelError:
         raise
+    except SystemExit as exc:  # the user's module exiting is one line too, not our exit code
+        raise ModelError(f"importing {where!r} called exit({exc.code!r})") from None
     except Exception as exc:  # any import-time failure of the user's module
         raise ModelError(f"cannot import {where!r}: {first_line(exc)}") from None
     factory = getattr(module, name, None)
@@ -75,10 +77,23 @@ def build(factory: Callable[[], Any], shapes: Sequence[tuple[int, ...]], dtype: 
         model = (model.to_empty(device=device) if weights == "empty" else model).to(torch_dtype(dtype)).eval()
     except ModelError:
         raise
+    except SystemExit as exc:  # a factory that exits: one line, not its exit code
+        raise ModelError(f"the model factory called exit({exc.code!r})") from None
     except Exception as exc:  # the user's constructor
         raise ModelError(f"the model factory failed: {first_line(exc)}") from None
+    return model, tuple(_input(s, dtype, device, weights) for s in shapes)
+
+
+def _input(shape: tuple[int, ...], dtype: str, device: str, weights: str) -> Any:
+    """One model input of `shape`; one that cannot be allocated is a ModelError."""
+    import torch
+
     make = torch.empty if weights == "empty" else torch.randn
-    return model, tuple(make(s, dtype=torch_dtype(dtype), device=device) for s in shapes)
+    try:
+        return make(shape, dtype=torch_dtype(dtype), device=device)
+    except (RuntimeError, MemoryError) as exc:  # torch's allocators raise RuntimeError (OutOfMemoryError is one)
+        size = "x".join(map(str, shape))
+        raise ModelError(f"cannot allocate a {size} {dtype} input on {device}: {first_line(exc)}") from None
 
 
 def load(spec: str, input_shapes: Sequence[str], dtype: str, device: str, weights: str = "empty") -> tuple[Any, tuple]:
