@@ -28,3 +28,15 @@ def test_a_summary_over_the_database_is_refused_before_any_work(tmp_path):
     result = tune_model("--model", "tests/models.py:mlp", "--input-shape", "4,64", "--db", str(db),
                         "--summary-json", str(db))
     assert result.exit_code == 2 and "will not write" in result.output and not db.exists()
+
+
+def test_inputs_that_do_not_fit_the_model_are_one_clear_error_and_no_log(capfd):
+    import pytest
+    import torch
+
+    import tritune
+    from tritune.kernels.frontend.extract import ExtractError
+
+    with pytest.raises(ExtractError, match="could not capture the model: RuntimeError"):
+        tritune.extract_tasks(torch.nn.Linear(8, 4), (torch.randn(3, 5),))
+    assert "Traceback" not in capfd.readouterr().err

@@ -11,8 +11,10 @@ differently elsewhere (on "meta", attention becomes its math form, with two bmm)
 """
 from __future__ import annotations
 
+import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 # first_line is also kept importable from here for one release: tuner modules import it from extract
 from tritune.errors import first_line
@@ -59,7 +61,7 @@ def extract_tasks(model: Any, example_inputs: Any, *, allow_tf32: bool | None = 
     if allow_tf32 is None:
         allow_tf32 = graph.tf32_allowed()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _fake_tensor_log_off():
             program = torch.export.export(model, args, strict=False)
     except Exception as exc:  # export raises many types; the user needs the first line, not the stack
         raise ExtractError(f"torch.export could not capture the model: {first_line(exc)}") from None
@@ -93,7 +95,7 @@ def extract_call_tasks(fn: Any, kwargs: dict, *, allow_tf32: bool | None = None)
     def captured(whole: bool) -> list[ModelTask]:
         matches.clear()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), _fake_tensor_log_off():
                 torch.compile(fn, backend=capture(whole), fullgraph=whole, dynamic=False)(**kwargs)
         except _Captured:
             pass
@@ -120,3 +122,15 @@ def _count(matches: Sequence[Any]) -> list[ModelTask]:
         order[m.expr.key] = ModelTask(m.expr, (seen.count if seen else 0) + 1, unfused)
     return list(order.values())
 
+
+
+@contextmanager
+def _fake_tensor_log_off() -> Iterator[None]:
+    """torch logs, with a traceback, an op its fake tensors cannot run (inputs that do not fit the
+    model) before it raises; what it raises is the one line (an ExtractError) the caller reads."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    was, log.disabled = log.disabled, True
+    try:
+        yield
+    finally:
+        log.disabled = was

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import logging
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 from tritune.errors import first_line
 from tritune.kernels.expr import ExprError, check_dtype, parse_dims, torch_dtype
@@ -121,22 +119,9 @@ def captured_tasks(extract: Callable[[], list]) -> list:
     from tritune.kernels.frontend.extract import ExtractError
 
     try:
-        with _fake_tensor_log_off():
-            tasks = extract()
+        tasks = extract()
     except ExtractError as exc:
         raise ModelError(str(exc)) from None
     if not tasks:
         raise ModelError("the model runs no contraction (mm, addmm, bmm, baddbmm, matmul, linear) tritune can tune")
     return tasks
-
-
-@contextmanager
-def _fake_tensor_log_off() -> Iterator[None]:
-    """torch logs, with a traceback, an op its fake tensors cannot run (inputs that do not fit the
-    model) before it raises; what it raises is the one line the user reads."""
-    log = logging.getLogger("torch._subclasses.fake_tensor")
-    was, log.disabled = log.disabled, True
-    try:
-        yield
-    finally:
-        log.disabled = was
