@@ -1,8 +1,9 @@
 """Projections fused into one weight, as Phi-3 writes them: gate/up in one Linear whose output is
 split into act(gate) * up is one gated site whose weights are the two row ranges of the one weight
-(views: nothing copied at run time), found with a norm prologue in front too. Checked on the zoo's
-Phi-3 at a small width: the sites found (in generate()'s decode step too), and the compiled model
-(interpreter kernels) against eager."""
+(views: nothing copied at run time), found with a norm prologue in front too; q/k/v in one Linear
+sliced into q, k and v stays one GEMM whose output the attention site reads through views, its
+rotary embeddings taken into the attention kernel. Checked on the zoo's Phi-3 at a small width:
+the sites found, and the compiled model (interpreter kernels) against eager."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,6 +15,7 @@ from test_generate import site_calls, store_every_task  # noqa: F401 - a fixture
 from test_norm_prologue import RMSNorm
 
 from tritune.kernels.frontend import graph, sites
+from tritune.kernels.frontend.attention_match import AttentionMatch
 from tritune.kernels.gated import launch
 from tritune.kernels.gated.expr import Gated
 from tritune.kernels.gated.family import GATED
@@ -183,7 +185,40 @@ def test_phi3_decode_sites_are_one_qkv_gemm_attention_and_one_gated_mlp():
     assert head.expr.norm_eps == eps and o.norm is None and down.norm is None
 
 
-def test_compiled_phi3_matches_eager_with_its_fused_projections_tuned(tmp_path, site_calls, gated_operands):
+def test_phi3s_attention_reads_q_k_v_as_slices_of_the_qkv_gemm_before_their_rotation():
+    qkv, attention = phi3_sites()[:2]
+    assert qkv.expr.n == H + 2 * (H // 4) and isinstance(attention, AttentionMatch)
+    # transformers folds the 4 query heads of each key/value head into its query rows
+    assert (attention.expr.heads, attention.expr.lq, attention.expr.lk) == (4, 4, 1)
+    # Phi-3 writes its whole-head rotation as a partial one (the pass-through lanes empty): both
+    # rotations go into the kernel, which reads q and k before them
+    assert attention.expr.rope_q == attention.expr.rope_k == 4
+    for operand in (attention.q, attention.k, attention.v):
+        assert _sliced_from(operand) is qkv.node
+
+
+def _sliced_from(node):
+    """The node reached going back from `node` through views and slices."""
+    while node.op == "call_function" and node.target in (*graph.ALIASES, torch.ops.aten._unsafe_view.default):
+        node = node.args[0]
+    return node
+
+
+@pytest.fixture
+def attention_operands(monkeypatch):
+    """The q, k and v each attention site was called with."""
+    seen = []
+    original = sites.AttentionSite.__call__
+
+    def recording(self, q, k, v, *rest):
+        seen.append((q, k, v))
+        return original(self, q, k, v, *rest)
+    monkeypatch.setattr(sites.AttentionSite, "__call__", recording)
+    return seen
+
+
+def test_compiled_phi3_matches_eager_with_its_fused_projections_tuned(tmp_path, site_calls, gated_operands,
+                                                                      attention_operands):
     model, x = small_phi3(), torch.randn(2, 1, H)
     tasks = tritune.extract_tasks(model, (x,), allow_tf32=False)
     head = tasks[-1]
@@ -199,6 +234,8 @@ def test_compiled_phi3_matches_eager_with_its_fused_projections_tuned(tmp_path, 
     (w1, w2, _, _), = gated_operands
     weight = model.model.model.layers[0].mlp.gate_up_proj.weight
     assert w1.data_ptr() == weight.data_ptr() and w2.data_ptr() == weight[INTER:].data_ptr()
+    (q, k, v), = attention_operands  # views of the q/k/v GEMM's one output: nothing copied
+    assert q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
 
 
 def tiny_phi3() -> nn.Module:
@@ -213,4 +250,6 @@ def test_phi3s_decode_step_under_generate_with_a_static_cache_has_the_same_sites
     assert [t.expr.op for t in tasks] == ["matmul", "attention", "matmul", "gated", "matmul", "matmul"]
     qkv, attention, _, mlp, _, _ = (t.expr for t in tasks)
     assert qkv.n == H + 2 * (H // 4) and qkv.norm_eps and mlp.n == INTER and mlp.norm_eps
-    assert attention.group == 4
+    # k is rotated before the cache update writes it: the kernel rotates q alone, reading it from
+    # the q/k/v GEMM's output, and reads keys and values from the cache
+    assert (attention.rope_q, attention.rope_k, attention.group) == (4, 0, 4)

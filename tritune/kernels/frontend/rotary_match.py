@@ -6,7 +6,8 @@ are left unread (dead-code elimination drops them unless something else reads th
 Rotary embeddings (Llama, Qwen2, Mistral; NeoX on a part of each head):
 
     rotated = x·cos + cat(-x[..., h:], x[..., :h])·sin      (h = half the rotated lanes)
-    q_or_k = rotated, or cat(rotated of x[..., :r], x[..., r:]) for a partial rotation
+    q_or_k = rotated, or cat(rotated of x[..., :r], x[..., r:]) for a partial rotation (r may be
+             every lane: Phi-3 writes its whole-head rotation so)
 
 with cos and sin broadcastable to [batch, 1, rows, lanes] (the same for every head). The repeat of
 k and v is x[:, :, None].expand(B, Hkv, G, L, D).reshape(B, Hkv·G, L, D) (`repeat_kv`).
@@ -40,11 +41,13 @@ def rotary(node: Any) -> Rotary | None:
     if _is(node, A.cat.default) and len(node.args[0]) == 2 and _last_dim(node):
         rot, rest = node.args[0]
         r = rotary(rot)  # the rotated part x[..., :lanes], then the lanes that pass x[..., lanes:]
-        if r is None or not _is(r.x, A.slice.Tensor):
+        if r is None or not _is(r.x, A.slice.Tensor, A.alias.default):
             return None
+        # all lanes rotated (Phi-3 writes the partial form for whole heads): the part is an alias of
+        # x, torch's trace of x[..., :lanes], and the lanes that pass an empty slice
         x = r.x.args[0]
-        return Rotary(x, r.cos, r.sin, r.lanes) if _sliced(r.x, x, 0, r.lanes) and _sliced(rest, x, r.lanes, None) \
-            else None
+        part = _sliced(r.x, x, 0, r.lanes) or _is(r.x, A.alias.default)
+        return Rotary(x, r.cos, r.sin, r.lanes) if part and _sliced(rest, x, r.lanes, None) else None
     if not _is(node, A.add.Tensor) or len(node.args) != 2:
         return None
     for plain, turned in (node.args, node.args[::-1]):
