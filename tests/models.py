@@ -138,3 +138,13 @@ class Block(nn.Module):
 def block(hidden: int = 4096, heads: int = 32) -> Block:
     """The factory `--model tests/models.py:block` names: a block at the default sizes."""
     return Block(hidden, heads)
+
+
+def llama_lm(hidden: int, intermediate: int, heads: int, kv_heads: int, vocab: int, layers: int = 2) -> nn.Module:
+    """A Llama-style causal LM from transformers' config (random weights): GQA, SiLU-gated MLP, rotary."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab,
+                         max_position_embeddings=256, attn_implementation="sdpa")
+    return LlamaForCausalLM(config)

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from torch import nn
 
 import tritune
+from models import llama_lm
 from test_compiler import fresh_dynamo, store, tuned_calls  # noqa: F401 - fixtures
 from test_graph_step import fake_cuda  # noqa: F401 - a fixture: CUDA graphs recorded and replayed on CPU
 from tritune.kernels.device import device_info
@@ -22,7 +23,7 @@ from tritune.kernels.frontend import compiler as compiler_module
 from tritune.records.database import Database
 from tritune.records.result import MeasureResult, Status
 from tritune.tuner.cli import cli
-from tritune.tuner.model.decode import DecodeShape, cache_tensors, causal_lm, decode_step, teacher_forced
+from tritune.tuner.model.decode import DecodeShape, cache_tensors, decode_step, teacher_forced
 from tritune.tuner.model.subject import subject_tasks
 
 SPEC = f"{__file__}:tiny_llama"
@@ -30,11 +31,7 @@ SPEC = f"{__file__}:tiny_llama"
 
 def tiny_llama() -> nn.Module:
     """A Llama-style causal LM small enough for the interpreter: GQA 4/2, SiLU-gated MLP, rotary."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=96, max_position_embeddings=64, attn_implementation="sdpa")
-    return LlamaForCausalLM(config)
+    return llama_lm(hidden=32, intermediate=48, heads=4, kv_heads=2, vocab=96)
 
 
 @pytest.fixture

@@ -38,10 +38,12 @@ import sys
 import time
 from pathlib import Path
 
-from tritune.tuner.model.decode import DecodeShape, cache_bytes, cache_tensors, causal_lm, random_prompt, teacher_forced
+from tritune.tuner.model.decode import (DecodeShape, cache_bytes, cache_tensors, causal_lm, random_prompt,
+                                        static_generate, teacher_forced)
 from tritune.tuner.model.load import build, load_factory
 from tritune.tuner.model.zoo import weight_bytes
 from tritune.tuner.timing import busy_time, copy_bandwidth_gbps, gpu_spans, in_turns, paired_ratio
+from tritune.tuner.worker.candidate import rel_error
 
 VARIANTS = ("inductor", "tritune")
 FORCED_STEPS = 32
@@ -92,12 +94,7 @@ class Variant:
         self.name, self.lm, self.db, self.prompt, self.config = name, lm, db, None, None
 
     def generate(self, new: int):
-        import torch
-
-        with torch.no_grad():
-            return self.lm.generate(self.prompt, attention_mask=torch.ones_like(self.prompt), max_new_tokens=new,
-                                    min_new_tokens=new, do_sample=False, cache_implementation="static",
-                                    compile_config=self.config, pad_token_id=0)
+        return static_generate(self.lm, self.prompt, new, self.config)
 
     def per_token_ms(self, new: int) -> float:
         """One round: (time of 1 + new tokens - time of 1) / new."""
@@ -128,9 +125,14 @@ def forced_errors(variants: list[Variant], eager_lm, prompt, steps: int) -> dict
     errors = {}
     for v in variants:
         logits, cache = teacher_forced(v.lm, prompt, tokens, v.config)
-        errors[v.name] = {"logits": max(_rel(a, b) for a, b in zip(logits, ref_logits)),
-                          "cache": max(_rel(a, b) for a, b in zip(cache_tensors(cache, upto), cache_tensors(ref_cache, upto)))}
+        errors[v.name] = {"logits": _worst(logits, ref_logits),
+                          "cache": _worst(cache_tensors(cache, upto), cache_tensors(ref_cache, upto))}
     return errors
+
+
+def _worst(outs: list, refs: list) -> float:
+    """The largest relative error (the runner's `rel_error`) of a list of tensors against another."""
+    return max(rel_error(o, r.double()) for o, r in zip(outs, refs))
 
 
 def _sync() -> None:
@@ -138,10 +140,6 @@ def _sync() -> None:
 
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def _rel(out, ref) -> float:
-    return float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-300))
 
 
 def models(args: argparse.Namespace) -> tuple:

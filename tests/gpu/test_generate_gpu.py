@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 import gpu_cases
+from models import llama_lm
 
 SPEC = f"{__file__}:small_llama"
 SHAPE = "4,40,12"  # batch, context, new tokens
@@ -16,11 +17,7 @@ SHAPE = "4,40,12"  # batch, context, new tokens
 
 def small_llama() -> nn.Module:
     """A Llama-style causal LM: GQA 8/2, head dim 64, SiLU-gated MLP, rotary, a 4000-word head."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(hidden_size=512, intermediate_size=1408, num_hidden_layers=2, num_attention_heads=8,
-                         num_key_value_heads=2, vocab_size=4000, max_position_embeddings=256, attn_implementation="sdpa")
-    return LlamaForCausalLM(config)
+    return llama_lm(hidden=512, intermediate=1408, heads=8, kv_heads=2, vocab=4000)
 
 
 @pytest.fixture

@@ -123,7 +123,6 @@ def _count(matches: Sequence[Any]) -> list[ModelTask]:
     return list(order.values())
 
 
-
 @contextmanager
 def _fake_tensor_log_off() -> Iterator[None]:
     """torch logs, with a traceback, an op its fake tensors cannot run (inputs that do not fit the

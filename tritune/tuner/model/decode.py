@@ -122,10 +122,7 @@ def capture(lm: Any, shape: DecodeShape, prompt: Any = None) -> DecodeStep:
     config._compile_all_devices = True  # generate compiles on CUDA only unless told
     lm.get_compiled_call = lambda compile_config: first_step
     try:
-        with torch.no_grad():
-            lm.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new, min_new_tokens=new,
-                        do_sample=False, cache_implementation="static", compile_config=config,
-                        pad_token_id=0)
+        static_generate(lm, prompt, new, config)
     except _Captured:
         pass
     finally:
@@ -147,6 +144,18 @@ def decode_step(spec: str, shape: DecodeShape, dtype: str, device: str, weights:
         raise
     except Exception as exc:  # noqa: BLE001 - the user's model inside transformers' generate()
         raise ModelError(f"generate() with a static cache failed on the model: {first_line(exc)}") from None
+
+
+def static_generate(lm: Any, prompt: Any, new: int, compile_config: Any = None, **options: Any) -> Any:
+    """`lm.generate()` as the decode step is tuned and timed: `new` tokens after `prompt` (every
+    token attended to), exactly (`min_new_tokens`), greedy, with a static cache, compiled by
+    `compile_config`; `options` go to generate() too."""
+    import torch
+
+    with torch.no_grad():
+        return lm.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new, min_new_tokens=new,
+                           do_sample=False, cache_implementation="static", compile_config=compile_config,
+                           pad_token_id=0, **options)
 
 
 def random_prompt(lm: Any, shape: DecodeShape, seed: int = 0) -> Any:
@@ -182,11 +191,7 @@ def teacher_forced(lm: Any, prompt: Any, tokens: Any, compile_config: Any = None
             step = input_ids.shape[1] - prompt.shape[1]
             return torch.full_like(scores, -float("inf")).scatter_(1, tokens[:, step:step + 1], 0.0)
 
-    steps = tokens.shape[1]
-    with torch.no_grad():
-        out = lm.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=steps,
-                          min_new_tokens=steps, do_sample=False, cache_implementation="static",
-                          compile_config=compile_config, disable_compile=compile_config is None, pad_token_id=0,
+    out = static_generate(lm, prompt, tokens.shape[1], compile_config, disable_compile=compile_config is None,
                           logits_processor=LogitsProcessorList([Forced()]), output_logits=True,
                           return_dict_in_generate=True)
     if not torch.equal(out.sequences[:, prompt.shape[1]:], tokens):
