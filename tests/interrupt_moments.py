@@ -50,9 +50,11 @@ def _child(folder: Path, command: list[str], stop: int | None, at_s: float) -> N
         main(command)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # noqa: BLE001 - a stop that came after the command's own handling, or a bug
-        traceback.print_exc()
-        code = 1
+    except BaseException as exc:  # noqa: BLE001 - a stop that came after the command's own handling, or a bug
+        if exc.__traceback__.tb_next is not None:  # raised inside the command: a bug
+            traceback.print_exc()
+            code = 1
+        # else the stop landed here, once the command had returned: it ended first (exit 0)
     signal.setitimer(signal.ITIMER_PROF, 0)
     Path("cpu_s.txt").write_text(str(_cpu_s() - start))
     sys.stderr.flush()

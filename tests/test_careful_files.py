@@ -134,7 +134,15 @@ def check_stops(runs: dict, kept: str) -> None:
     for run in runs["stopped"]:
         assert run["exit"] in (0, codes[run["signal"]]) and run["integrity"] == "ok", run
         if run["exit"] in (130, 143):
-            assert one_line(run["stderr"]).endswith(kept) and run["signal"] in run["stderr"], run["stderr"]
+            assert last_line(run["stderr"]).endswith(kept) and run["signal"] in run["stderr"], run["stderr"]
+
+
+def last_line(err: str) -> str:
+    """The line a stopped command printed last: its only one, or (a stop that landed as the command
+    was ending) after the command's own output, never a traceback."""
+    lines = err.strip().splitlines()
+    assert lines and lines[-1].startswith("tune-cli: ") and "Traceback" not in err, err
+    return lines[-1]
 
 
 def outputs(run: dict, prefix: str) -> dict:
