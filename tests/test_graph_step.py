@@ -348,3 +348,53 @@ def test_through_torch_compile_outputs_are_handed_out_again_and_a_held_one_gets_
             y = compiled(x)
             assert torch.allclose(y, model(x), atol=1e-5) and torch.equal(old, want)
     assert len(builds) == 2 and not poison and FakeGraph.captures == 2
+
+
+def _cache_step():
+    """A step that appends to a marked cache in place, as a static KV cache's update does."""
+    def writes(cache, x):
+        if FakeGraph.current is not None:
+            return [torch.empty_like(cache)]  # capturing: a real capture runs no kernel
+        cache.add_(x)
+        return [cache * 2]
+    return writes
+
+
+def _new_cache(fill):
+    cache = fill.clone()  # a generate() call's cache: allocated anew, then filled by its prefill
+    torch._dynamo.mark_static_address(cache)
+    return cache
+
+
+def _decode(step, cache, calls=3):
+    want = cache.clone()
+    for _ in range(calls):
+        x = torch.randn(3)
+        want += x
+        out = step(cache, x)[0]
+        assert torch.allclose(cache, want) and torch.allclose(out, 2 * want)
+
+
+def test_a_cache_allocated_anew_for_every_call_is_adopted_into_the_captured_memory(fake_cuda):
+    cache = _new_cache(torch.zeros(3))
+    step = GraphStep(Recorded(_cache_step()), [cache, torch.randn(3)])
+    for _ in range(4):  # generate() calls: each a new cache, its prefill's contents kept, decoded in place
+        cache = _new_cache(torch.randn(3))
+        _decode(step, cache)
+    assert FakeGraph.captures == 1 and not step.broken
+    assert cache.data_ptr() == step.last.inputs[0].data_ptr()  # the cache reads the captured memory
+
+
+def test_a_cache_the_caller_kept_or_views_elsewhere_are_not_adopted(fake_cuda):
+    kept = _new_cache(torch.zeros(3))
+    step = GraphStep(Recorded(_cache_step()), [kept, torch.randn(3)])
+    _decode(step, kept, calls=graphs.WARM_CALLS + 2)
+    before = kept.clone()
+    cache = _new_cache(torch.randn(3))
+    _decode(step, cache)  # the last cache is still held: captured anew, the kept one untouched
+    assert FakeGraph.captures == 2 and torch.equal(kept, before) and cache.data_ptr() != kept.data_ptr()
+    del kept
+    cache = _new_cache(torch.randn(3))
+    view = cache[1:]  # a view of the new cache elsewhere: pointing the cache away would split them
+    _decode(step, cache)
+    assert FakeGraph.captures == 3 and view.data_ptr() == cache.data_ptr() + cache.element_size()

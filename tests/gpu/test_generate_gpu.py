@@ -76,3 +76,34 @@ def test_the_check_measures_the_decode_step(tuned_db):
     for r in results:
         assert "error" not in r, r
         assert r["tuned_sites"] == r["sites"] == sum(t.count for t in tasks) and r["rel_error"] < 5e-2
+
+
+def test_generate_called_again_replays_its_capture_on_the_new_cache(tuned_db, monkeypatch):
+    # generate() allocates a new static cache for every call: the graph captured on the first
+    # call's cache replays on the next calls' (adopted into the captured memory), not captured again
+    from transformers import CompileConfig
+
+    import tritune
+    from tritune.kernels.frontend import graphs
+    from tritune.tuner.model.decode import cache_tensors, teacher_forced
+
+    captures = []
+    capture = graphs.GraphStep._capture
+    monkeypatch.setattr(graphs.GraphStep, "_capture", lambda self, args: captures.append(1) or capture(self, args))
+    db, _ = tuned_db
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    lm = small_llama().cuda().half().eval()
+    config = CompileConfig(backend=tritune.compiler(db))
+    for _ in range(3):
+        prompt = torch.randint(0, 4000, (4, 40), device="cuda")
+        tokens = torch.randint(0, 4000, (4, 12), device="cuda")
+        want, want_cache = teacher_forced(lm, prompt, tokens)
+        got, cache = teacher_forced(lm, prompt, tokens, config)
+        assert _worst(got, want) < 2e-2 and _worst(cache_tensors(cache, 51), cache_tensors(want_cache, 51)) < 2e-2
+        del cache, want_cache  # generate() users keep no cache past the call (nor a view of it)
+    assert len(captures) == 1
+
+
+def _worst(outs: list, refs: list) -> float:
+    return max(float((a.double() - b.double()).norm() / b.double().norm()) for a, b in zip(outs, refs))

@@ -24,6 +24,14 @@ CUDA graph instead, as serving engines capture theirs:
   step's values; a graph called again within one step while all its outputs are held runs without
   a CUDA graph. A torch that cannot make a storage raise (a CPU build) gets clones instead.
 
+An input the caller marked static that is not a parameter (a static KV cache's tensors, which
+transformers' generate() allocates anew for every call) may come at a new address with the same
+shape: where nothing but the graph holds the memory the graph was captured on, and nothing but the
+new tensor holds the new memory, the new tensor's contents are copied into the captured memory
+and the tensor is pointed at it (`_adopt`), so the graph replays without a new capture; the new
+memory goes back to the allocator. Where either is held elsewhere (a cache the caller kept), the
+call is captured anew, as a new set of weights is.
+
 A graph that writes one of its non-static inputs in place is not captured (the write would land
 in the graph's copy): the backend leaves it to the trees. A capture that fails (an op that syncs
 with the host, an output that aliases an input) leaves the graph to run without CUDA graphs,
@@ -102,6 +110,8 @@ class GraphStep:
     def __init__(self, fn: Callable[..., Any], example_inputs: Sequence[Any]) -> None:
         self.fn = fn
         self.static = [i for i, x in enumerate(example_inputs) if static_input(x)]
+        # static inputs that are not parameters: read through stand-ins the capture owns (`_adopt`)
+        self.marked = {i for i in self.static if not isinstance(example_inputs[i], torch.nn.Parameter)}
         self.copied = [i for i, x in enumerate(example_inputs) if not static_input(x)]
         self.calls, self.broken = 0, False
         self.captures: dict[tuple[int, ...], Capture] = {}  # by the static inputs' addresses
@@ -113,6 +123,8 @@ class GraphStep:
         if self.broken:
             return self.fn(*args)
         capture = self._find(args)
+        if capture is None and self.last is not None:
+            capture = self._adopt(args)
         if capture is None:
             if self.calls < WARM_CALLS:
                 self.calls += 1
@@ -161,6 +173,24 @@ class GraphStep:
                 return self.last
         return self.captures.get(tuple(args[i].data_ptr() for i in self.static)) if len(self.captures) > 1 else None
 
+    def _adopt(self, args: Sequence[Any]) -> Capture | None:
+        """The capture replayed last, where the static inputs that moved since are all marked ones
+        it may adopt (`_adoptable`): each one's contents copied into the captured memory and the
+        tensor pointed at it. Else None."""
+        capture = self.last
+        moved = [i for i in self.static if args[i].data_ptr() != capture.addresses[i]]
+        if not moved or not all(i in self.marked and _adoptable(capture.inputs[i], args[i]) for i in moved):
+            return None
+        try:
+            for i in moved:
+                held, new = capture.inputs[i], args[i]
+                held.copy_(new)
+                new.set_(held.untyped_storage(), held.storage_offset(), held.size(), held.stride())
+        except RuntimeError as exc:  # e.g. a tensor torch will not re-point: captured anew
+            log.warning("tritune: a moved static input could not be adopted: %s", first_line(exc))
+            return None
+        return capture
+
     def _capture(self, args: Sequence[Any]) -> Any:
         """This call's outputs, from a call on a side stream (as torch's capture wants: libraries
         set up per stream), then a CUDA graph of the call on the static inputs and copies of the
@@ -180,7 +210,7 @@ class GraphStep:
             if isinstance(o, torch.Tensor) and o.is_cuda:
                 o.record_stream(current)  # made on the side stream, used on this one
         static = set(self.static)
-        inputs = [a if i in static else a.clone() for i, a in enumerate(args)]
+        inputs = [_stand_in(a) if i in self.marked else a if i in static else a.clone() for i, a in enumerate(args)]
         reserved = torch.cuda.memory_reserved()
         recorded = self._record(inputs)
         if not isinstance(recorded, tuple):
@@ -210,6 +240,34 @@ class GraphStep:
         # the captures stay: outputs a caller holds keep their memory
         self.broken = True
         log.warning("tritune: a compiled graph runs without CUDA graphs: %s", why)
+
+
+def _stand_in(x: torch.Tensor) -> torch.Tensor:
+    """A tensor of the capture's own over `x`'s memory (the graph reads that memory, whoever holds
+    `x` later)."""
+    return torch.empty(0, dtype=x.dtype, device=x.device).set_(x.untyped_storage(), x.storage_offset(), x.size(), x.stride())
+
+
+def _adoptable(held: torch.Tensor, new: torch.Tensor) -> bool:
+    """Whether `new` may be pointed at the captured memory `held`: the same geometry, nobody but the
+    capture holds `held`'s memory, nobody but `new` holds its own (no view of it elsewhere), and
+    torch lets it be re-pointed (no gradient, not an inference tensor outside inference mode)."""
+    same = (held.dtype, held.device, held.shape, held.stride(), held.storage_offset(), held.untyped_storage().nbytes()) == \
+        (new.dtype, new.device, new.shape, new.stride(), new.storage_offset(), new.untyped_storage().nbytes())
+    movable = not new.requires_grad and (torch.is_inference_mode_enabled() or not new.is_inference())
+    return same and movable and _alone(held) and _alone(new)
+
+
+def _alone(x: torch.Tensor) -> bool:
+    """Whether `x` is the only tensor over its memory."""
+    return torch._C._storage_Use_Count(x.untyped_storage()._cdata) <= _one_tensors_count()
+
+
+@functools.cache
+def _one_tensors_count() -> int:
+    """The use count of a storage that one tensor holds, as `_alone` reads it."""
+    one = torch.empty(1)
+    return torch._C._storage_Use_Count(one.untyped_storage()._cdata)
 
 
 class Handout:
