@@ -85,7 +85,9 @@ def canonical_problem(expr: Attention) -> Problem:
 
 def _rope_strides(expr: Attention, rows: int, lanes: int) -> tuple[int, ...]:
     """A side's contiguous rotary operands' strides (b, h, row, lane): its tables', or its positions'
-    and (lane) its frequencies'."""
+    and (lane) its frequencies'; all 0 for a side without rotation."""
+    if not lanes:  # no operands: as `rope_strides` gives for None, or the worker's binary is not the builder's
+        return (0, 0, 0, 0)
     if not expr.rope_pos:
         return _broadcast_strides(expr.rope_shape(rows, lanes))
     return (*_broadcast_strides(expr.rope_shape(rows, 1))[:3], 1)

@@ -4,6 +4,7 @@ against every alternative. Runs inside the worker process; torch is imported whe
 from __future__ import annotations
 
 import hashlib
+import math
 import statistics
 import time
 from typing import Any, Callable
@@ -34,43 +35,46 @@ def seed_for(seed: int, label: str) -> int:
 
 def rel_error(out: Any, ref: Any) -> float:
     """||out - ref|| / ||ref||, infinite when any output is NaN/inf (e.g. never written)."""
-    import torch
-
-    out = out.double()
-    if not torch.isfinite(out).all():
-        return float("inf")
-    return float((out - ref).norm() / ref.norm().clamp_min(1e-300))
+    # one reduction and one read back: a NaN or inf anywhere in the output makes the norm non-finite
+    err = float((out.double() - ref).norm() / ref.norm().clamp_min(1e-300))
+    return err if math.isfinite(err) else float("inf")
 
 
 def measure_candidate(expr: Any, config: Config, seed: int, timing: Timing, best_ms: float | None = None) -> dict:
     """Build (a cache hit after the builder), check against float64, then time one candidate;
     one that is clearly slower than `best_ms` after a few runs is not timed further."""
-    import torch
-
     start = time.perf_counter()
-    fam = family(expr.op)
-    x, ref = _workload(expr, seed)
-    match_precision(expr)
-    kernel = fam.kernel(expr, config, fam.problem_of(expr, x.args))
-    out = kernel(*x.args)  # a library call may return a fresh tensor; a kernel writes the output
-    torch.cuda.synchronize()
-    err, tol = rel_error(x.out if out is None else out, ref), fam.tolerance(expr)
+    kernel, args, err, tol = check_candidate(expr, config, seed)
     checked = time.perf_counter()
     if not err <= tol:
         return {"status": Status.WRONG_ANSWER, "message": f"relative error {err:.3g} > {tol:.1g}",
                 "spent": {"check": checked - start}}
-    if small(kernel, x.args):
+    if small(kernel, args):
         if "sets" not in _current:
-            _current["sets"] = _sets(expr, seed, x.args, expr.key)
+            _current["sets"] = _sets(expr, seed, args, expr.key)
         sets = _current["sets"]
         times, runs, stopped = graph_candidate([lambda a=a: kernel(*a) for a in sets], timing, best_ms)
         how = f"CUDA-graph replays over {len(sets)} operand sets"
     else:
-        times, runs, stopped = time_candidate(lambda: kernel(*x.args), timing, best_ms)
+        times, runs, stopped = time_candidate(lambda: kernel(*args), timing, best_ms)
         how = "launches, L2 flushed"
     note = f"; stopped after {runs} runs, > {LOSER}x the best" if stopped else f"; {runs} runs ({how})"
     return {"status": Status.OK, "times": times, "message": f"relative error {err:.2g}{note}",
             "spent": {"check": checked - start, "timing": time.perf_counter() - checked}}
+
+
+def check_candidate(expr: Any, config: Config, seed: int,
+                    device: str = "cuda") -> tuple[Callable[..., Any], tuple, float, float]:
+    """One candidate loaded and run once on the workload's operands: the kernel, those operands, its
+    relative error against the float64 reference and the family's tolerance for it."""
+    fam = family(expr.op)
+    x, ref = _workload(expr, seed, device)
+    match_precision(expr)
+    # the builder built this binary (its problem is `canonical_problem`): loading it is a cache hit
+    kernel = fam.kernel(expr, config, fam.problem_of(expr, x.args))
+    out = kernel(*x.args)  # a library call may return a fresh tensor; a kernel writes the output
+    # rel_error reads its result back: that waits for the launch, and raises what it raised
+    return kernel, x.args, rel_error(x.out if out is None else out, ref), fam.tolerance(expr)
 
 
 # The workload being tuned: its operands (as generated, to restore before each candidate) and its
@@ -78,14 +82,14 @@ def measure_candidate(expr: Any, config: Config, seed: int, timing: Timing, best
 _current: dict = {}
 
 
-def _workload(expr: Any, seed: int) -> tuple[Any, Any]:
+def _workload(expr: Any, seed: int, device: str = "cuda") -> tuple[Any, Any]:
     """The workload's operands, restored to their generated values with the output poisoned, and
     its float64 reference (a candidate that wrote outside its output cannot fail the next one)."""
-    if _current.get("key") != (expr.key, seed):
+    if _current.get("key") != (expr.key, seed, device):
         _current.clear()  # frees the previous workload's tensors first
         fam = family(expr.op)
-        x = fam.inputs(expr, seed_for(seed, expr.key), "cuda")
-        _current.update(key=(expr.key, seed), x=x, ref=fam.reference(expr, x.args),
+        x = fam.inputs(expr, seed_for(seed, expr.key), device)
+        _current.update(key=(expr.key, seed, device), x=x, ref=fam.reference(expr, x.args),
                         pristine=[a.clone() if hasattr(a, "clone") else a for a in x.args])
     x = _current["x"]
     for arg, kept in zip(x.args, _current["pristine"]):
