@@ -1,12 +1,28 @@
-"""Every family's template hash is part of each stored trial's device key: a change to it retires
-the database's trials and the shipped recordings. These values pin the hashes, so that moving or
-tidying code never changes them by accident; a deliberate template change updates them here (and
-re-records what the shipped recordings need)."""
+"""Every family's template key is part of each stored trial's device key: a change to it retires
+the database's trials. The key is the compiled text of the family's sources and its template
+version (`tritune.kernels.template_key`), so comments, docstrings and blank lines never move it.
+These values pin the keys, so that moving or tidying code never changes them by accident; a
+deliberate change of a template's code (or of its `template_version`) updates them here, and
+removes the family from BYTE_KEYS: its trials stored before compiled-text keys are retired with
+the code they were measured with."""
 import pytest
 
 from tritune.kernels.family import family, ops
+from tritune.kernels.former_keys import former_templates
 
 PINNED = {
+    "matmul": "0fe0321c3146997d",
+    "bmm": "0fe0321c3146997d",
+    "conv2d": "a6b76c5fdac79a87",
+    "softmax": "e83d52c2a384565a",
+    "layernorm": "e83d52c2a384565a",
+    "gated": "be9b52ff6f7165b8",
+    "wide": "9bcac5b7a3a87b1a",
+    "attention": "951de0490466dcd1",
+}
+# each family's last key before compiled-text keys (a hash of its sources' bytes), of the same code
+# as PINNED's: `tune-cli carry-over` moves the trials stored under them to today's keys
+BYTE_KEYS = {
     "matmul": "e90c416ba8874e75",
     "bmm": "e90c416ba8874e75",
     "conv2d": "0963f5b4f9f1b7b3",
@@ -14,7 +30,7 @@ PINNED = {
     "layernorm": "2fe8777c40f74a89",
     "gated": "3a3e1857e753eff7",
     "wide": "4c79e208893eb38b",
-    "attention": "383e26cc7fceacdc",
+    "attention": "147e70b24097f6d0",
 }
 
 
@@ -25,6 +41,11 @@ def test_every_family_is_pinned():
 @pytest.mark.parametrize("op", sorted(PINNED))
 def test_template_hash_unchanged(op):
     assert family(op).template_hash() == PINNED[op]
+
+
+@pytest.mark.parametrize("op", sorted(BYTE_KEYS))
+def test_trials_of_the_byte_keys_carry_over(op):
+    assert former_templates(op) == {BYTE_KEYS[op]: PINNED[op]}
 
 
 def _generated_sources(module, examples) -> str:

@@ -43,7 +43,8 @@ def load_source(text: str, name: str) -> Any:
 
 
 def files_hash(*paths: Path) -> str:
-    """A short hash of source files: part of the device key, so edits invalidate stored records."""
+    """A short hash of source files' bytes: the template key before compiled-text keys
+    (`template_key`), by which `former_keys` was found."""
     return hashlib.sha256(b"".join(p.read_bytes() for p in paths)).hexdigest()[:16]
 
 

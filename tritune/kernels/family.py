@@ -17,8 +17,9 @@ from typing import Any, Callable, ClassVar, Sequence
 import numpy as np
 
 from tritune.kernels import faults
-from tritune.kernels.codegen import Binary, files_hash
+from tritune.kernels.codegen import Binary
 from tritune.kernels.expr import ExprError
+from tritune.kernels.template_key import files_key
 from tritune.records.result import DeviceKey
 from tritune.schedules.config import Config
 from tritune.schedules.space import Limits, Space
@@ -51,9 +52,12 @@ class Family(ABC):
 
     op: str
     baseline: ClassVar[str] = "torch"  # how the eager comparison is labelled in tables
-    # files under tritune/kernels that shape this family's binaries: their hash is part of the
-    # device key, so editing any of them retires stored records (conservative by design)
+    # files under tritune/kernels that shape this family's binaries: their compiled text (see
+    # `tritune.kernels.template_key`) is part of the device key, so a code change in any of them
+    # retires stored records, and a comment or docstring edit does not
     sources: ClassVar[tuple[str, ...]] = ()
+    # bumped on purpose to retire the family's stored records where its sources' code is unchanged
+    template_version: ClassVar[int]
     # the module that specialises and launches the family's kernels; it defines
     # canonical_problem(expr), problem_of(expr, *args), binary(expr, config, problem) and
     # launcher(expr, config, problem). Imported on first use: a template may define its kernels
@@ -61,9 +65,14 @@ class Family(ABC):
     launch_module: ClassVar[str]
 
     def template_hash(self) -> str:
-        """Hash of the sources of this family's kernels (and the shared codegen)."""
+        """The template part of the device key: this family's template version and the compiled
+        text of its kernels' sources and the shared codegen (`template_key.files_key`)."""
+        return files_key(self.template_version, self.source_paths())
+
+    def source_paths(self) -> tuple[Path, ...]:
+        """The files that shape this family's binaries: the shared codegen, then its own sources."""
         here = Path(__file__).parent
-        return files_hash(*(here / name for name in (*SHARED_SOURCES, *self.sources)))
+        return tuple(here / name for name in (*SHARED_SOURCES, *self.sources))
 
     # ----- expressions
     @abstractmethod

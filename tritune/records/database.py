@@ -17,7 +17,7 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator, Sequence, TextIO
 import sqlite_utils
 
 from tritune.records.result import DeviceKey, MeasureResult, Status
-from tritune.records import jsonl, schema
+from tritune.records import carry, jsonl, schema
 from tritune.records.opening import OpenError, Snapshot, check_file, check_pages, check_schema, connect, enable_wal
 from tritune.records.owners import alive
 from tritune.records.schema import SCHEMA_VERSION
@@ -215,6 +215,12 @@ class Database:
         if self._claims_ready:
             with self._write():
                 self._db.execute("DELETE FROM claims WHERE owner = ?", [owner])
+
+    def carry_over(self, op: str, templates: dict[str, str], graphs: bool = False) -> int:
+        """Move an op's trials stored under a former template key (a key of `templates`) to the same
+        device under the mapped key, in one transaction (`records.carry`); returns how many moved."""
+        with self._write():
+            return carry.carry_over(self._db.conn, op, templates, graphs)
 
     @_reads
     def count(self, workload_key: str, device: DeviceKey) -> int:

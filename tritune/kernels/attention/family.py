@@ -23,6 +23,7 @@ class AttentionFamily(Family):
     op = "attention"
     baseline = "torch (F.scaled_dot_product_attention)"
     sources = ("attention/expr.py", "attention/template.py", "attention/launch.py")
+    template_version = 1
     launch_module = "tritune.kernels.attention.launch"
 
     def from_dict(self, spec: dict) -> Attention:

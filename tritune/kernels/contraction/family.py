@@ -23,6 +23,7 @@ class ContractionFamily(Family):
 
     baseline = "torch (cuBLAS)"
     sources = ("contraction/expr.py", "contraction/template.py", "contraction/launch.py", "norm.py")
+    template_version = 1
     launch_module = "tritune.kernels.contraction.launch"
 
     def __init__(self, op: str, batched: bool) -> None:

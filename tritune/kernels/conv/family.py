@@ -31,6 +31,7 @@ class Conv2dFamily(Family):
     op = "conv2d"
     baseline = "torch (cuDNN, channels_last)"
     sources = ("conv/expr.py", "conv/template.py")
+    template_version = 1
     launch_module = "tritune.kernels.conv.template"
 
     def from_dict(self, spec: dict) -> Conv2d:

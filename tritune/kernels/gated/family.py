@@ -22,6 +22,7 @@ class GatedFamily(Family):
     baseline = "torch (two cuBLAS GEMMs + pointwise)"
     sources = ("gated/expr.py", "gated/template.py", "gated/launch.py", "contraction/template.py",
                "contraction/launch.py", "weights.py", "norm.py")
+    template_version = 1
     launch_module = "tritune.kernels.gated.launch"
 
     def from_dict(self, spec: dict) -> Gated:

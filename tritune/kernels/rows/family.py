@@ -16,6 +16,7 @@ class RowFamily(Family):
     """y[m, :] = f(x[m, :]) over rows of an [M, N] tensor (any row strides), fp16/bf16/fp32."""
 
     sources = ("rows/expr.py", "rows/template.py")
+    template_version = 1
     launch_module = "tritune.kernels.rows.template"
 
     def __init__(self, expr_type: type[RowOp], options: tuple[str, ...] = ()) -> None:

@@ -22,6 +22,7 @@ class WideFamily(Family):
     baseline = "torch (one cuBLAS GEMM per weight)"
     sources = ("wide/expr.py", "wide/template.py", "wide/launch.py", "contraction/template.py", "contraction/launch.py",
                "weights.py", "norm.py")
+    template_version = 1
     launch_module = "tritune.kernels.wide.launch"
 
     def from_dict(self, spec: dict) -> Wide:

@@ -1,7 +1,7 @@
 """tune-cli: `run` (tune one workload), `tune-model` (every workload of a model, then the whole
 model checked), `worker` (a GPU host of a cluster), `best`, `export`, `import`, `report`, and
-`recording` (its own module). Bad input gets one line on stderr and exit code 2; no GPU, exit
-code 3."""
+`recording` and `carry-over` (their own modules). Bad input gets one line on stderr and exit code
+2; no GPU, exit code 3."""
 from __future__ import annotations
 
 import json
@@ -25,6 +25,7 @@ from tritune.tuner import breakdown
 from tritune.tuner.cli import inputs, paths, stops
 from tritune.tuner.cli.inputs import EXIT_NO_GPU, EXIT_USAGE, Finite, UsageError, cluster_options, make_expr
 from tritune.tuner.cli.paths import db_option, open_db
+from tritune.tuner.cli.carry import carry_over
 from tritune.tuner.cli.recording import recording
 from tritune.tuner.cli.stops import EXIT_SIGINT, EXIT_SIGTERM, Terminated
 
@@ -363,3 +364,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 cli.add_command(recording)
+cli.add_command(carry_over)
