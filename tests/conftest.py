@@ -3,6 +3,11 @@ kernels under Triton's interpreter. With TRITUNE_GPU_TESTS=1 the GPU suite (test
 kernels instead, on a host with a CUDA GPU, and the CPU tests are skipped:
 
     TRITUNE_GPU_TESTS=1 python -m pytest -q tests/gpu
+
+Tiers (pyproject.toml's addopts leave out tests marked `system`): `python -m pytest -q` is the unit
+tier; `-m system` the system tier (process kills, clusters, sm_90 and real Triton builds,
+whole-model compiles, long searches); `-m "system or not system"` the full suite. No test under
+tests/gpu is marked `system`, so the GPU command above runs all of them.
 """
 import os
 import tempfile

@@ -168,6 +168,7 @@ def test_the_space_prunes_what_cannot_run_well():
         assert sample and np.isfinite(FAM.features(expr, H100, sample)).all()
 
 
+@pytest.mark.system
 def test_every_knob_builds_for_sm90():
     decode = Attention(16, 4, 4, 1024, 128, mask="fp16", mask_dims="bk")
     cases = [(decode, Config.of(BLOCK_N=n, DOT=dot, num_warps=w, num_stages=s))

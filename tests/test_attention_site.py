@@ -129,6 +129,7 @@ def small(name):
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt2", "neox"])
+@pytest.mark.system
 def test_zoo_decoders_have_two_attention_sites_at_decode_and_none_at_prefill(name):
     model = small(name)
     decode = [s for s in graph.find(graph.aten_graph(model, (torch.randn(16, 1, H),))) if isinstance(s, AttentionMatch)]
@@ -141,6 +142,7 @@ def test_zoo_decoders_have_two_attention_sites_at_decode_and_none_at_prefill(nam
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt2", "neox"])
+@pytest.mark.system
 def test_the_backend_replays_the_zoo_decoders_attention(tmp_path, attention_calls, name):
     model, x = small(name), torch.randn(16, 1, H)
     tasks = [t.expr for t in tritune.extract_tasks(model, (x,)) if t.expr.op == "attention"]
@@ -199,6 +201,7 @@ def test_a_call_the_kernel_was_not_tuned_for_runs_torch_in_the_traced_layout(mon
     assert launched == [1]
 
 
+@pytest.mark.system
 def test_the_replayed_kernel_builds_for_sm90():
     cases = [(Attention(16, 4, 4, 1, 128, mask="fp16", mask_dims="b"), CONFIG),
              (Attention(16, 16, 1, 1024, 128, "bf16", out_order="bqhd"), MMA.replace(BLOCK_N=64, num_stages=3)),
@@ -231,6 +234,7 @@ for m, expr, split in ((mask, Attention(16, 4, 4, 1024, 128, mask="fp16", mask_d
 """
 
 
+@pytest.mark.system
 def test_a_compiled_graph_launches_the_attention_kernel_itself(tmp_path):
     """What AOT autograd hands Inductor holds the kernel's launch, writing only its output, the
     sizes and strides as constants, None for an absent mask. Real JIT functions, fake CUDA tensors."""

@@ -1,6 +1,8 @@
 """The real compile pool: a compiler process that dies blames only the candidate that killed it."""
 import os
 
+import pytest
+
 from fakes import abort_on_block_m_32
 
 from tritune.records.result import Status
@@ -25,6 +27,7 @@ def test_a_compiler_crash_blames_only_its_candidate_and_the_pool_recovers():
         builder.close()
 
 
+@pytest.mark.system
 def test_later_workloads_spaces_are_enumerated_in_the_pool_as_here():
     import numpy as np
 

@@ -154,6 +154,7 @@ def parts(run: dict) -> list[str]:
     return [name for name in run["files"] if name.endswith(".part") or ".part/" in name]
 
 
+@pytest.mark.system
 def test_an_export_stopped_at_20_moments_leaves_the_old_file_or_the_whole_new_one(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
@@ -169,6 +170,7 @@ def test_an_export_stopped_at_20_moments_leaves_the_old_file_or_the_whole_new_on
         assert (run["files"]["out.jsonl"] == new) == (run["exit"] == 0)
 
 
+@pytest.mark.system
 def test_a_report_stopped_at_20_moments_leaves_each_file_old_or_the_whole_new_report(tmp_path):
     work = tmp_path / "work"
     (work / "r").mkdir(parents=True)
@@ -188,6 +190,7 @@ def test_a_report_stopped_at_20_moments_leaves_each_file_old_or_the_whole_new_re
             assert left in (old, new) and not parts(run), run
 
 
+@pytest.mark.system
 def test_an_import_stopped_at_20_moments_stores_all_of_its_trials_or_none(tmp_path):
     source, work = tmp_path / "source", tmp_path / "work"
     source.mkdir(), work.mkdir()

@@ -15,6 +15,8 @@ from tritune.tuner import run as tuning
 from tritune.tuner.gpus import start
 from tritune.tuner.cli import main, make_expr
 
+pytestmark = pytest.mark.system  # Dask clusters: a scheduler, worker processes, a killed host
+
 TESTS = Path(__file__).parent
 
 

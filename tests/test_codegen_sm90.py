@@ -38,6 +38,7 @@ def build_sm90(cases, ptx=False, replay=False):
     return [json.loads(line) for line in proc.stdout.splitlines()]
 
 
+@pytest.mark.system
 def test_sm90_builds_use_wgmma_and_the_shared_estimate_is_exact():
     cases = [(Matmul(4096, 4096, 4096, dtype=d, epilogue=EPILOGUE), Config.of(k)) for d, k in CASES]
     cases += [(Matmul(256, 256, 256), Config.of(FAULTY, fault=f)) for f in FAULTS]  # built without the fault
@@ -62,6 +63,7 @@ def test_sm90_builds_use_wgmma_and_the_shared_estimate_is_exact():
         assert over == 0 if config["UNROLL"] == 1 and config.get("PERSISTENT", 0) != 2 else 0 <= over <= 8192
 
 
+@pytest.mark.system
 def test_sm90_replayed_kernels_take_none_for_pointers_they_never_touch():
     """What a compiled model launches: sizes and strides as constexprs, and None (specialised away,
     nothing passed per launch) for a missing bias and, without split-K, for its scratch."""
@@ -82,6 +84,7 @@ def test_sm90_replayed_kernels_take_none_for_pointers_they_never_touch():
 
 
 @pytest.mark.parametrize("rows,warps", [(16, 4), (32, 8), (128, 2)])
+@pytest.mark.system
 def test_mma_sync_fallback_buffers_one_stage_fewer(rows, warps):
     # tiles under 64 rows, or fewer warps than a warp group, miss Hopper's warp-group MMA; the
     # estimate must not prune these builds for shared memory they do not take
@@ -92,6 +95,7 @@ def test_mma_sync_fallback_buffers_one_stage_fewer(rows, warps):
         assert got["shared"] < 5 * (rows + 128) * 128 * 2  # five stages would not even fit
 
 
+@pytest.mark.system
 def test_warp_specialised_builds_add_a_producer_group_and_fit_the_shared_estimate():
     ws = dict(num_warps=4, UNROLL=1, WARP_SPEC=1)
     cases = [(Matmul(4096, 4096, 4096, epilogue=EPILOGUE), Config.of(CASES[0][1], TMA=1, **ws)),
@@ -109,6 +113,7 @@ def test_unknown_fault_is_refused():
         MATMUL.kernel(expr, Config.of(FAULTY, fault="segfault-please"), MATMUL.canonical_problem(expr))
 
 
+@pytest.mark.system
 def test_strides_divisible_by_8_elements_still_get_16_byte_loads():
     """3000x5000x1000: leading dims are multiples of 8 fp16 elements, not 16; the divisibility hint
     lets every load of the K loop move 16 bytes, as at 4096^3 (the JIT would give 4 or 8)."""

@@ -84,6 +84,7 @@ def test_diverse_pick_gives_way_to_a_cheaper_compile_of_near_equal_rank():
     assert diverse_pick(ranked, 3, 0.0, np.array([1.0, 0.0, 0.0])) == [b, c, a]  # dear, but still taken
 
 
+@pytest.mark.system
 def test_the_search_spends_less_compile_time_for_the_same_best_on_a_recorded_space(tmp_path):
     """Warm sa on the shipped 4096^3 recording (H100 compile times: its warp-specialised tiles
     compile 3x longer than tiles that run as fast), with and without the compile weight: the same

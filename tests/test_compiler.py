@@ -170,6 +170,7 @@ def test_a_kernel_that_cannot_be_loaded_is_left_to_the_fallback(tmp_path, caplog
     assert "matmul 17x11x23 fp32 NT+bias cannot be loaded (RuntimeError: template failed); left" in caplog.text
 
 
+@pytest.mark.system
 def test_the_backend_is_registered_by_name_and_replays_the_active_database(tmp_path, tuned_calls):
     assert "tritune" in torch._dynamo.list_backends(exclude_tags=())  # the package's entry point
     model, inputs = Awkward(), awkward_inputs(torch.float32)
@@ -234,6 +235,7 @@ with mode:
 """
 
 
+@pytest.mark.system
 def test_compiled_graphs_launch_the_tuned_kernel_itself(tmp_path):
     """What AOT autograd hands Inductor (functionalised ATen) holds the tuned Triton kernel's launch,
     with the config's parameters and the operands' strides, and the split-K scratch as buffers; on

@@ -128,6 +128,7 @@ def test_features_extend_the_gemm_views():
     assert x[0, -3] > x[1, -3]  # 9 taps x 3 chunks = 27 trips; the gather: 432 / 32 -> 14
 
 
+@pytest.mark.system
 def test_sm90_builds_use_wgmma_and_the_shared_estimate_holds_for_channel_chunks():
     fast = dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3, UNROLL=1)
     cases = [

@@ -60,6 +60,7 @@ def test_a_model_that_learned_nothing_would_fail_the_check():
     assert spearmanr(shuffled.predict(X[200:]), y[200:])[0] < 0.5
 
 
+@pytest.mark.system
 def test_groups_keep_workloads_apart_and_bad_objective_is_refused():
     X, y = synthetic(300)
     model = XGBCostModel().fit(X, y, groups=np.repeat([0, 1, 2], 100))

@@ -207,6 +207,7 @@ def _open_at(path, start, errors):
         errors.put(str(exc))
 
 
+@pytest.mark.system
 def test_tuners_that_open_one_new_database_at_once_all_open_it(tmp_path):
     # Switching a new file to WAL does not wait on SQLite's busy timeout: four processes opening
     # one new file at once failed "database is locked" in about one open of twelve before the

@@ -61,6 +61,7 @@ def test_tune_models_gpu_busy_is_each_devices_seconds_over_the_whole_command():
     assert bench.busy_of_model({}, 40.0) == {} and bench.busy_of_model({"tasks": tasks}, 0.0) == {}
 
 
+@pytest.mark.system
 def test_the_kill_verdict_counts_trials_lost_and_checks_the_file(tmp_path):
     db = tmp_path / "t.db"
     configs = TASK.space.sample(__import__("numpy").random.default_rng(0), 3)

@@ -6,6 +6,7 @@ sleeps, no clocks)."""
 import threading
 
 import numpy as np
+import pytest
 
 from fakes import FakeRunner
 from tritune.tuner.breakdown import Stopwatch
@@ -62,6 +63,7 @@ def test_every_device_measuring_a_workload_is_a_lane_and_a_lent_one_joins():
         measurer.close()
 
 
+@pytest.mark.system
 def test_one_workload_on_two_devices_keeps_two_waiting_for_each_and_counts_the_pool_once(tmp_path, monkeypatch):
     targets = []
     real = tuner_module.in_flight_target

@@ -95,6 +95,7 @@ def slow_worker(monkeypatch, tmp_path):
     return builder
 
 
+@pytest.mark.system
 def test_the_search_compiles_before_the_worker_answers(slow_worker, monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(start, "driver_facts", lambda index: dict(FACTS))
     answered = []
@@ -123,6 +124,7 @@ def test_a_run_that_waited_for_its_worker_says_how_busy_the_gpu_was_once_it_was_
     assert "GPU busy fraction once its worker was up" not in summary(10.0, tuner, {"worker_start": 0.1}, {}, 16)
 
 
+@pytest.mark.system
 def test_a_worker_with_other_facts_stops_the_run_before_anything_is_stored(slow_worker, monkeypatch, tmp_path,
                                                                             capsys):
     monkeypatch.setattr(start, "driver_facts", lambda index: {**FACTS, "gpu": "Fake A100"})
@@ -136,6 +138,7 @@ def test_a_worker_with_other_facts_stops_the_run_before_anything_is_stored(slow_
     assert all(not Database(db).trials(key) for key, *_ in Database(db).workloads())
 
 
+@pytest.mark.system
 def test_two_stand_in_gpus_started_on_the_driver_facts_both_measure(tmp_path):
     """`--devices all` on a host whose driver tells both devices' facts ahead: each device's worker
     checks its own, both measure; a device the driver does not have leaves the run to the workers'

@@ -108,6 +108,7 @@ def test_the_plan_shares_trials_by_the_root_of_each_tasks_flops():
     assert [p.trials for p in plan(tasks, 4, floor=16)] == [2, 2]  # a budget below the floors is split evenly
 
 
+@pytest.mark.system
 def test_tune_model_shares_the_budget_and_tunes_every_workload(monkeypatch, tmp_path, capsys):
     from functools import partial
 

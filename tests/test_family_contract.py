@@ -124,6 +124,7 @@ def test_the_fault_hook_refuses_unknown_faults_and_builds_known_ones(op):
     assert all(callable(fam.kernel(expr, config.replace(fault=f), problem)) for f in FAULTS)
 
 
+@pytest.mark.system
 def test_the_fault_kernels_build_for_sm90():
     code = ("from triton.backends.compiler import GPUTarget\nfrom triton.compiler import ASTSource\n"
             "import triton\nfrom tritune.kernels import faults\nfrom tritune.kernels.codegen import load_source\n"

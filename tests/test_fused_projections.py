@@ -217,6 +217,7 @@ def attention_operands(monkeypatch):
     return seen
 
 
+@pytest.mark.system
 def test_compiled_phi3_matches_eager_with_its_fused_projections_tuned(tmp_path, site_calls, gated_operands,
                                                                       attention_operands):
     model, x = small_phi3(), torch.randn(2, 1, H)

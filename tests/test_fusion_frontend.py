@@ -237,6 +237,7 @@ def test_tensors_written_in_place_are_no_epilogue_inputs_nor_operands(tmp_path):
 
 
 @pytest.mark.parametrize("name, rows", [("llama", 12), ("gpt2", 12), ("qwen2", 12), ("gpt2", 2), ("neox", 2)])
+@pytest.mark.system
 def test_zoo_models_compile_with_their_fused_sites_replayed(tmp_path, launched, name, rows):
     # 12 rows: RMSNorms in the prologues; 2 sequences of one token: LayerNorms too
     from tritune.tuner.model import zoo

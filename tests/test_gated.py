@@ -119,6 +119,7 @@ def test_the_concatenated_weight_follows_changes_to_the_weights():
     assert rel_error(again, GATED.reference(expr, x.args)) <= 1e-6 and rel_error(again, first) > 0.1
 
 
+@pytest.mark.system
 def test_the_space_pairs_tiles_with_two_accumulators_and_fuses_16_bit_tiles_only():
     space = GATED.space(Gated(2048, 8192, 2048), H100)
     configs = [space.config(int(i)) for i in space.valid_indices]
@@ -156,6 +157,7 @@ def test_the_command_line_refuses_bad_gated_options_in_one_line(capsys, tmp_path
     assert code == 2 and needle in err and err.count("\n") == 1
 
 
+@pytest.mark.system
 def test_the_new_kernels_build_for_sm90_with_warp_group_mmas():
     """The dual GEMM both ways (its shared memory as estimated, the fused mma.sync fallback staging the
     joined tile once more), and general epilogues with every knob of the contraction template."""

@@ -84,6 +84,7 @@ def test_against_float64(expr, config):
     assert err <= tol, (err, tol)
 
 
+@pytest.mark.system
 def test_sm90_builds_without_mma_and_pipelines_its_loads():
     mma = Config.of(TILE, BLOCK_M=16, BLOCK_N=32, GEMV=0)
     cases = [(Matmul(1, 2048, 2048, trans_b=True), TILE.replace(BLOCK_K=512)),

@@ -120,6 +120,7 @@ def compile_config(backend, **options):
 
 
 @pytest.mark.parametrize("form", ["name", "object"])
+@pytest.mark.system
 def test_generate_with_a_static_cache_replays_a_tuned_kernel_at_every_site(tmp_path, caplog, eager_inductor,
                                                                            site_calls, fake_cuda, form):
     shape = DecodeShape(batch=2, context=5, new_tokens=4)

@@ -4,6 +4,7 @@ enumerated. Real worker processes with stand-in handlers (tests/fake_worker.py);
 import threading
 
 import numpy as np
+import pytest
 
 import fake_worker
 from fakes import FakeBuilder
@@ -52,6 +53,7 @@ def test_a_group_prepares_on_the_device_that_compares():
         group.close(now=True)
 
 
+@pytest.mark.system
 def test_a_run_compiles_the_alternatives_ahead_and_reports_the_parts_outside_the_loop(tmp_path):
     runner = LocalRunner(handlers=fake_worker.ahead_handlers, judge=True)
     runner.start()

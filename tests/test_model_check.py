@@ -3,6 +3,7 @@ reports a machine without a GPU in one line per mode."""
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -109,6 +110,7 @@ def test_in_the_default_mode_the_wall_time_decides():
     assert not model_check.wins(wall_ratio=0.99, gpu_ratio=0.80, cuda_graphs=False)
 
 
+@pytest.mark.system
 def test_the_early_check_waits_for_the_tuning_and_is_killed_if_it_never_comes(tmp_path):
     spec = f"{Path(__file__).parent / 'models.py'}:Awkward"
     with model_check.EarlyCheck(spec, ["2,3,29", "3,5,7"], "fp32", tmp_path / "t.db", modes=("default",)) as early:

@@ -222,6 +222,7 @@ def test_a_layernorm_prologue_may_split_along_k_but_is_never_warp_specialised():
         assert err <= tol
 
 
+@pytest.mark.system
 def test_the_prologue_builds_for_sm90_tuned_and_replayed():
     cases = [(Matmul(16, 32000, 2048, trans_b=True, norm_eps=1e-6), DECODE),
              (Matmul(16, 32000, 2048, trans_b=True, norm_eps=1e-6), DECODE.replace(TMA=1)),

@@ -69,6 +69,7 @@ def test_binary_options_and_prefetch_reach():
     assert pdl_constexprs(tile.replace(PDL=2, BLOCK_K=16, num_stages=2))["PDL_K"] == 128  # at least a few lines
 
 
+@pytest.mark.system
 def test_sm90_builds_wait_trigger_and_prefetch_as_asked():
     cases = []
     for pdl in (0, 1, 2):
@@ -84,6 +85,7 @@ def test_sm90_builds_wait_trigger_and_prefetch_as_asked():
         assert ("prefetch.global.L2" in ptx) == (pdl == 2), (expr.describe(), pdl)
 
 
+@pytest.mark.system
 def test_replayed_sites_with_early_launch_compile():
     cases = [(Wide(16, (2048, 512, 512), 2048, norm_eps=1e-6), Config.of(SKINNY, PDL=2, TMA=1)),
              (Gated(16, 5632, 2048, "fp16", "silu", norm_eps=1e-6), Config.of(SKINNY, BLOCK_N=64, PDL=2, FUSE=0)),
@@ -158,6 +160,7 @@ for call in calls:
 """
 
 
+@pytest.mark.system
 def test_traced_sites_never_make_inductor_copy_their_weights(tmp_path):
     """Inductor reads from a kernel's TTIR which tensors it writes, and copies each of them on every
     call: a traced PDL=2 site (whose kernel would prefetch through an inline-asm instruction on the

@@ -46,6 +46,7 @@ class Noting(FakeBuilder):
         return super().submit(expr, problem, configs)
 
 
+@pytest.mark.system
 def test_the_next_round_is_built_while_one_is_measured(tmp_path):
     builder, runner = Noting(), Clocked()
     db = Database(tmp_path / "t.db")

@@ -35,6 +35,7 @@ def readers(capsys, db, out):
     return printed
 
 
+@pytest.mark.system
 def test_reading_leaves_a_wal_database_and_its_folder_as_they_were(tmp_path, capsys):
     folder, out = tmp_path / "db", tmp_path / "out"
     folder.mkdir(), out.mkdir()

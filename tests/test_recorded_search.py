@@ -45,6 +45,7 @@ def recording(request):
     return request.param, rec
 
 
+@pytest.mark.system
 def test_warm_sa_finds_98_percent_of_the_best_in_64_trials_in_9_of_10_seeds_and_beats_random(recording, tmp_path):
     _, rec = recording
     prior = bundled_prior(rec.task(DeviceKey("recorded", rec.device["capability"], "-", "-", "-")))
@@ -75,6 +76,7 @@ def pipelined(tmp_path, runner, workers):
     return np.array(found), deepest
 
 
+@pytest.mark.system
 def test_warm_sa_keeps_its_quality_with_the_pipeline_a_16_process_pool_fills(tmp_path):
     """At `tune-cli run`'s budget of 128 trials, a pool of 16 processes keeps up to 24 candidates in
     flight (`tuner.in_flight_target`): the model lags three rounds behind, not one. The same bar:
@@ -91,6 +93,7 @@ class TwoGPUs(RecordedRunner):
     gpus = 2
 
 
+@pytest.mark.system
 def test_warm_sa_keeps_its_quality_with_the_pipeline_two_gpus_and_a_32_process_pool_fill(tmp_path):
     """Two GPUs (`run --devices all` on a host of 32 cores) keep up to 40 candidates in flight at
     128 trials (each GPU an eighth of the budget, 32, and a round more): the same bar, >= 0.98 of
@@ -100,6 +103,7 @@ def test_warm_sa_keeps_its_quality_with_the_pipeline_two_gpus_and_a_32_process_p
     assert (found >= 0.98).sum() >= 9, found
 
 
+@pytest.mark.system
 def test_cold_sa_on_the_normed_gated_decode_space_at_tune_models_budget(tmp_path):
     """The whole space of a decode gate/up pair read through an RMSNorm (llama's 16x5632x2048; H100,
     every one of its 3680 configs measured): 13 configs within 5% of the best, 6 within 2%. At the
@@ -114,6 +118,7 @@ def test_cold_sa_on_the_normed_gated_decode_space_at_tune_models_budget(tmp_path
     assert sa.mean() >= 0.99 and sa.min() >= 0.95 and sa.mean() > rnd.mean(), (sa, rnd)
 
 
+@pytest.mark.system
 def test_sa_on_the_gated_decode_space_warm_started_by_the_plain_gemm_recordings(tmp_path):
     """With no gated measurements to learn from, a gated search learns from the plain GEMMs'
     (`Family.prior_from`): here the three shipped matmul recordings, lifted into gated features.
@@ -129,6 +134,7 @@ def test_sa_on_the_gated_decode_space_warm_started_by_the_plain_gemm_recordings(
     assert sa.mean() >= 0.985 and sa.min() >= 0.95, sa
 
 
+@pytest.mark.system
 def test_cold_sa_on_the_normed_wide_decode_space_at_tune_models_budget(tmp_path):
     """The TMA-free half of a decode q/k/v space read through an RMSNorm (llama's 16x(2048+512+512)x2048;
     H100, all 2528 of its configs measured): one config stands out, 7.95 us (BLOCK_N 32, BLOCK_K
@@ -141,6 +147,7 @@ def test_cold_sa_on_the_normed_wide_decode_space_at_tune_models_budget(tmp_path)
     assert sa.mean() >= 0.95 and sa.mean() > rnd.mean() + 0.04, (sa, rnd)
 
 
+@pytest.mark.system
 def test_cold_sa_on_a_skinny_gemm_the_seeds_were_not_chosen_from(tmp_path):
     """The shipped 16x4096x4096 recording (a sample of its space: its deepest weight-streaming
     pipelines are 5 stages at BLOCK_K 256, and 2 at BLOCK_N 16), searched cold at decode's small
@@ -153,6 +160,7 @@ def test_cold_sa_on_a_skinny_gemm_the_seeds_were_not_chosen_from(tmp_path):
 
 
 @pytest.mark.xfail(strict=True, reason="plain-tiling odd space: its one config within 2% is not predictable")
+@pytest.mark.system
 def test_legacy_plain_tiling_odd_space(tmp_path):
     """The odd shape over plain tiling (before TMA and the persistent loop; H100). Its best, 256x64x32
     on 8 warps with 2 stages and unroll 4, is 7x faster than the same tile on 4 warps and 1.5x faster

@@ -40,6 +40,7 @@ def cli(capsys, *args):
     return code, out.out, out.err
 
 
+@pytest.mark.system
 def test_sample_refine_and_import(fake_gpu, tmp_path, capsys):
     sampled, refined, db = tmp_path / "s.jsonl.gz", tmp_path / "r.jsonl", tmp_path / "t.db"
     code, out, _ = cli(capsys, "recording", "sample", "--shape", "512", "--n", "12", "--faults", "wrong",

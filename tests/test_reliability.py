@@ -24,6 +24,8 @@ from tritune.tuner.builder import usable_cpus
 from tritune.tuner.tuner import in_flight_target
 from tritune.tuner.worker.local import LocalRunner
 
+pytestmark = pytest.mark.system  # tune-cli runs killed by signals, stand-in GPUs in worker processes
+
 TESTS = Path(__file__).parent
 
 

@@ -27,6 +27,7 @@ def db_path(tmp_path_factory):
     return path
 
 
+@pytest.mark.system
 def test_report_numbers_files_and_table_agree(db_path, tmp_path):
     with Database(db_path) as db:
         result, sets, scores = report.build(db, "matmul", folds=3, repeats=1, sizes=(16, 64))
@@ -75,6 +76,7 @@ def test_report_errors_are_one_line(db_path, tmp_path, capsys):
     assert code == 2 and "not" in err and err.count("\n") == 1
 
 
+@pytest.mark.system
 def test_transfer_never_mixes_ops_whose_features_differ():
     import numpy as np
 

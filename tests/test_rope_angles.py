@@ -89,6 +89,7 @@ def test_positions_read_in_another_order_keep_their_tables():
 
 
 @pytest.mark.parametrize("name", ["llama", "neox"])
+@pytest.mark.system
 def test_the_zoo_decoders_tables_leave_the_graph(name):
     model, x = small(name), torch.randn(16, 1, H)
     gm = graph.aten_graph(model, (x,))

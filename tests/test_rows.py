@@ -219,6 +219,7 @@ def test_features_are_finite_and_say_what_the_config_does():
     assert np.isfinite(small).all()
 
 
+@pytest.mark.system
 def test_sm90_builds_load_full_vectors_where_rows_are_aligned():
     """Row strides of multiples of 8 fp16 elements get 16-byte loads in both modes; N = 4099 cannot."""
     cases = [(Softmax(4096, 4096), Config.of(ROWS=1, BLOCK_N=4096, num_warps=8)),
@@ -232,6 +233,7 @@ def test_sm90_builds_load_full_vectors_where_rows_are_aligned():
     assert wide == [True, True, True, False, False]
 
 
+@pytest.mark.system
 def test_tune_cli_runs_softmax_end_to_end(monkeypatch, tmp_path):
     """The tuner's wiring with a fake GPU worker: the sa search proposes from this space and features,
     and the summary is rated in TB/s."""

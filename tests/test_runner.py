@@ -18,6 +18,7 @@ def runner():
         yield r
 
 
+@pytest.mark.system
 def test_crash_hang_and_errors_are_recorded_and_tuning_goes_on(runner):
     first = runner.device_info()["pid"]
     outcomes = [runner.measure(EXPR, GOOD.replace(fault=f)) for f in ("exit", "hang", "cuda", "raise", "wrong")]

@@ -1,5 +1,6 @@
 """Simulated annealing and the model-based strategy, driven by a fake model with a known optimum."""
 import numpy as np
+import pytest
 
 from tritune.records.result import MeasureResult, Status
 from tritune.schedules.contraction import contraction_space
@@ -82,6 +83,7 @@ def test_warm_start_proposes_from_the_prior_then_corrects_it_with_own_trials():
     assert np.allclose(model.margins, prior_model.predict(knob_rows(batch)))
 
 
+@pytest.mark.system
 def test_the_prior_moves_the_first_round_of_the_real_model():
     """XGBoost with a base margin: a prior that rates one knob value best steers the first round to it."""
     space = contraction_space(4096, 4096, 4096, 2, Limits.for_capability(9, 0))

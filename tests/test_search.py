@@ -24,7 +24,8 @@ def fake_results(configs):
     return [MeasureResult(c, Status.OK, t_median=float(i + 1)) for i, c in enumerate(configs)]
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.system) if n == "sa" else n  # a long search
+                                  for n in sorted(REGISTRY)])
 def test_proposals_are_valid_distinct_and_never_repeat(name):
     s = make_strategy(name, SPACE, seed=1)
     seen = set()
@@ -37,7 +38,8 @@ def test_proposals_are_valid_distinct_and_never_repeat(name):
         s.update(fake_results(batch))
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.system) if n == "sa" else n  # a long search
+                                  for n in sorted(REGISTRY)])
 def test_stored_results_are_not_proposed_again(name):
     first = make_strategy(name, SPACE, seed=2).propose(10)
     resumed = make_strategy(name, SPACE, seed=2)
@@ -72,6 +74,7 @@ def test_unknown_strategy_names_the_known_ones():
         _make("sa", SPACE)
 
 
+@pytest.mark.system
 def test_a_search_resumed_from_trials_outside_its_space_learns_from_them_and_proposes_within_it():
     # stored trials whose configs the space does not hold (another run's knob values, e.g. a deeper
     # pipeline; the fastest among them): the model learns from them, but annealing neither starts

@@ -14,6 +14,7 @@ from tritune.tuner.task import Task
 from tritune.tuner.worker.local import LocalRunner
 
 
+@pytest.mark.system
 def test_run_tunes_stores_resumes_and_reports(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(start, "LocalRunner", partial(LocalRunner, handlers=fake_worker.session_handlers))
     monkeypatch.setattr(start, "Builder", lambda *args, **kwargs: FakeBuilder())
@@ -31,6 +32,7 @@ def test_run_tunes_stores_resumes_and_reports(monkeypatch, tmp_path, capsys):
     assert "resumed: 24 trials" in capsys.readouterr().err
 
 
+@pytest.mark.system
 def test_tune_all_shares_one_gpu_session_and_skips_an_empty_space(monkeypatch, tmp_path):
     started = []
     monkeypatch.setattr(start, "LocalRunner", lambda *a, **k: started.append(1) or LocalRunner(*a, handlers=fake_worker.session_handlers, **k))
@@ -48,6 +50,7 @@ def test_tune_all_shares_one_gpu_session_and_skips_an_empty_space(monkeypatch, t
     assert out[1] == {"workload": exprs[1].to_dict(), "trials": 0, "best_config": None, "space_valid": 0}
 
 
+@pytest.mark.system
 def test_the_summary_says_where_the_time_went(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(start, "LocalRunner", partial(LocalRunner, handlers=fake_worker.session_handlers))
     monkeypatch.setattr(start, "Builder", lambda *args, **kwargs: FakeBuilder())
@@ -117,6 +120,7 @@ def test_breakdown_per_device_and_outside_the_loop():
 
 @pytest.mark.parametrize("handlers", [fake_worker.library_wins_handlers, fake_worker.near_tie_handlers,
                                       fake_worker.compile_wins_handlers])
+@pytest.mark.system
 def test_a_library_call_that_wins_the_head_to_head_is_what_replay_runs(tmp_path, monkeypatch, handlers):
     """The search's short runs can rank a kernel above the library by noise; the final head-to-head
     (long runs, in turns) decides, and the database's best follows it: the library stays unless
@@ -135,6 +139,7 @@ def test_a_library_call_that_wins_the_head_to_head_is_what_replay_runs(tmp_path,
     assert out["best_config"] == {"library": "mm"} and out["final_ours_ms"] in (0.9, 1.02, 2.0)
 
 
+@pytest.mark.system
 def test_a_kernel_that_ties_torch_compile_stays_where_the_library_call_is_far_slower(tmp_path, monkeypatch):
     """Within the margin of torch.compile's lowering but twice as fast as the library call (whose
     epilogue runs unfused): the kernel is stored, since call-time replay runs what is stored."""

@@ -15,6 +15,7 @@ def big():
     return contraction_space(4096, 4096, 4096, 2, H100)
 
 
+@pytest.mark.system
 def test_space_is_larger_than_anyone_would_measure(big):
     assert big.size == np.prod([len(k.values) for k in KNOBS + EXTENSIONS]) >= 40000
     assert len(big.valid_indices) > 500

@@ -87,6 +87,7 @@ def test_generated_kernels_without_a_norm_unchanged():
 PTX_BEFORE_PDL = {"3.9.0": ["d30ea39af516ddbe", "307b7580bbf372b3", "38861c618ce7ab70"]}
 
 
+@pytest.mark.system
 def test_kernels_without_early_launch_compile_as_before():
     import hashlib
     import re

@@ -1,5 +1,7 @@
 """The tuning loop with fake builder/runner: statuses stored, resume, early stop, fault hook."""
 
+import pytest
+
 from fakes import FakeBuilder, FakeRunner, fake_time
 from tritune.kernels.family import device_key
 from tritune.kernels.contraction.expr import Matmul
@@ -49,6 +51,7 @@ def test_rerun_resumes_and_never_remeasures(tmp_path):
     assert len(db.trials(EXPR.key, DEVICE)) == 40
 
 
+@pytest.mark.system
 def test_other_device_is_not_resumed(tmp_path):
     db = Database(tmp_path / "t.db")
     tune(db, 16)
@@ -96,6 +99,7 @@ def test_warm_start_collects_other_shapes_of_the_op_on_this_device(tmp_path):
     assert warm_start(db, Task(EXPR, elsewhere, TASK.limits)) is None
 
 
+@pytest.mark.system
 def test_a_gated_search_with_no_gated_trials_learns_from_the_plain_gemms_lifted(tmp_path):
     from tritune.kernels.gated.expr import ACTIVATIONS, Gated
     from tritune.kernels.gated.features import FEATURE_NAMES as GATED_FEATURES
@@ -126,6 +130,7 @@ def test_a_gated_search_with_no_gated_trials_learns_from_the_plain_gemms_lifted(
                      "db") is None
 
 
+@pytest.mark.system
 def test_the_plain_gemms_a_gated_search_learns_from_are_read_under_their_own_template(tmp_path):
     """Each op's trials are stored under its template's hash (part of the device key): a gated
     task's lift reads the plain GEMMs' trials under the matmul template, on the same GPU."""
@@ -145,6 +150,7 @@ def test_the_plain_gemms_a_gated_search_learns_from_are_read_under_their_own_tem
     assert prior_for(db, elsewhere, "db") is None
 
 
+@pytest.mark.system
 def test_the_library_is_measured_first_stored_and_chosen_when_it_wins(tmp_path, monkeypatch):
     import fakes
     from tritune.schedules.config import Config

@@ -112,6 +112,7 @@ def test_the_concatenated_weight_follows_changes_to_the_weights():
     assert rel_error(again, WIDE.reference(expr, x.args)) <= 1e-6 and rel_error(again, first) > 0.1
 
 
+@pytest.mark.system
 def test_the_space_has_the_plain_tiling_knobs_sized_by_the_widest_weight():
     space = WIDE.space(Wide(2048, (2048, 512, 512), 2048), H100)
     assert [k.name for k in space.knobs] == [*TILING, "SPLIT_K", "TMA"] and space.size > 0
@@ -153,6 +154,7 @@ def test_the_command_line_refuses_a_bad_wide_shape_in_one_line(capsys, tmp_path)
     assert code == 2 and "bad --shape '64,64,64'" in err and err.count("\n") == 1
 
 
+@pytest.mark.system
 def test_tune_cli_runs_wide_end_to_end(monkeypatch, tmp_path):
     """The tuner's wiring with a fake GPU worker: the sa search proposes from this space and features."""
     fake_gpu_session(monkeypatch)
