@@ -18,6 +18,7 @@ the code is the same.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import io
 import json
@@ -36,7 +37,16 @@ def template_key(version: int, texts: Iterable[str]) -> str:
 
 
 def files_key(version: int, paths: Iterable[Path]) -> str:
-    """`template_key` of source files."""
+    """`template_key` of source files, computed once per state of the files (a replay asks for the
+    device key on every lookup; parsing the sources takes tens of ms)."""
+    paths = tuple(paths)
+    stamps = tuple((stat.st_mtime_ns, stat.st_size) for stat in (path.stat() for path in paths))
+    return _files_key(version, paths, stamps)
+
+
+@functools.lru_cache(maxsize=64)
+def _files_key(version: int, paths: tuple[Path, ...], stamps: tuple) -> str:
+    # `stamps` (each file's mtime and size) is in the cache key: an edited file is read again
     return template_key(version, (path.read_text(encoding="utf-8") for path in paths))
 
 
