@@ -35,6 +35,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -69,13 +70,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def tune(args: argparse.Namespace, context: int) -> dict:
     """tune-cli tune-model of the decode step these generate() calls compile; its wall seconds."""
-    cmd = [sys.executable, "-m", "tritune", "tune-model", "--model", args.model, "--dtype", args.dtype,
-           "--decode", f"{args.batch},{context},{args.new_tokens + 1}", "--trials", str(args.trials),
-           "--db", args.db, *([] if args.check else ["--no-check"])]
-    start = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    print(done.stdout[-4000:], done.stderr[-2000:], sep="\n", file=sys.stderr)
-    return {"tune_s": time.perf_counter() - start, "tune_exit": done.returncode}
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = Path(tmp) / "summary.json"
+        cmd = [sys.executable, "-m", "tritune", "tune-model", "--model", args.model, "--dtype", args.dtype,
+               "--decode", f"{args.batch},{context},{args.new_tokens + 1}", "--trials", str(args.trials),
+               "--db", args.db, "--summary-json", str(summary), *([] if args.check else ["--no-check"])]
+        start = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        print(done.stdout[-4000:], done.stderr[-2000:], sep="\n", file=sys.stderr)
+        row = {"tune_s": time.perf_counter() - start, "tune_exit": done.returncode}
+        if summary.exists():  # each task's head-to-head, kept whole (the printed table is cut above)
+            row["tasks"] = [_head_to_head(t) for t in json.loads(summary.read_text())["tasks"]]
+    return row
+
+
+def _head_to_head(task: dict) -> dict:
+    """One tuned task's head-to-head from tune-model's summary: times, alternatives, GB/s."""
+    keep = ("workload", "trials", "final_ours_ms", "alternatives_ms", "best_alternative",
+            "ratio_vs_best_alternative", "bytes", "copy_gbps", "timed_as")
+    return {k: task.get(k) for k in keep}
 
 
 def compile_config(variant: str, db: str):
