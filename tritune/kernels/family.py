@@ -3,7 +3,7 @@
 A family ties an expression type to its schedule space, cost-model features, codegen and launch,
 and its semantics (random operands, float64 reference, the eager PyTorch version, tolerance).
 A new op is one folder under `tritune/kernels/` (expression, family, template, features), one
-schedule module, and one line in `REGISTRY`; tests/test_family_contract.py holds every registered
+schedule module, and one line in `REGISTRY`; tests/kernels/test_family_contract.py holds every registered
 family to the same rules. Families are imported lazily so that `import tritune` stays light.
 """
 from __future__ import annotations

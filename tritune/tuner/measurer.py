@@ -14,7 +14,7 @@ from tritune.schedules.config import Config
 from tritune.tuner.breakdown import Stopwatch
 from tritune.tuner.builder import BuildResult
 from tritune.tuner.worker.local import DeviceLost
-from tritune.tuner.worker.protocol import Runner
+from tritune.tuner.worker.protocol import Runner, distinct_gpus
 
 
 GPU_PHASES = ("check", "timing")  # what a GPU worker spends on a candidate (device-seconds)
@@ -81,7 +81,7 @@ class Measurer:
     def gpus(self) -> int:
         """GPUs measuring now (of runners not lost; lent runners count; a cluster host, all of its)."""
         with self._lock:
-            return max(1, sum(r.gpus for r in self._runners if not r.lost))
+            return max(1, distinct_gpus(self._runners))
 
     def submit(self, config: Config, build: Any) -> Future:
         """Queue one candidate; the future resolves to its result once measured and stored."""

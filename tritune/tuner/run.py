@@ -24,7 +24,7 @@ from tritune.tuner.gpus.start import TuneOptions, gpu_session
 from tritune.tuner.prior import prior_for
 from tritune.tuner.task import Task, best_of, device_task
 from tritune.tuner.tuner import Tuner
-from tritune.tuner.worker.protocol import Runner
+from tritune.tuner.worker.protocol import Runner, distinct_gpus
 
 
 class Report:
@@ -134,7 +134,8 @@ def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Build
     best, h2h = _judge(db, task, history, best, h2h)
     report.finished(expr, best, h2h, task.device.gpu)
     spent = [w.since(b) for w, b in zip((runner.watch, builder.watch), before)]
-    times = breakdown.summary(time.time() - start, {**loop, **watch.spent}, *spent, builder.workers, len(runner.each))
+    times = breakdown.summary(time.time() - start, {**loop, **watch.spent}, *spent, builder.workers,
+                               max(1, distinct_gpus(runner.each)))
     if options.verbose:
         report.timed(times)
     return {**_summary(expr, task, history, best, h2h, times["wall"]), "time": times}

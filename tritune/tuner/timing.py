@@ -39,7 +39,7 @@ COMPARE = Timing(warmup_ms=25.0, rep_ms=100.0)
 
 # A candidate whose fastest of its first runs is this much slower than the best median so far is not
 # timed further: the spread of a config's runs stays far below this on the recorded spaces (see
-# tests/test_timing.py), so it cannot be the best.
+# tests/tuner/test_timing.py), so it cannot be the best.
 LOSER = 1.25
 
 

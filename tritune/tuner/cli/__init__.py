@@ -155,6 +155,9 @@ def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, acti
 @click.option("--summary-json", default=None, type=click.Path(dir_okay=False), callback=paths.output_file,
               help="also write each task's numbers here")
 @click.option("--devices", default=None, help="GPUs to measure on, e.g. 0,1 or all (one worker each) [default: the first]")
+@click.option("--per-gpu", default=1, show_default=True, type=click.IntRange(1, 8),
+              help="workloads tuned at once on each GPU, a worker each, taking turns at the GPU's timed work "
+                   "(one workload's loop leaves its GPU idle while it proposes and compiles)")
 @cluster_options
 @click.option("--dry-run", is_flag=True, help="only list the workloads and their trials (no GPU needed)")
 @click.option("--check/--no-check", default=True, show_default=True,
@@ -162,8 +165,8 @@ def run(op, shape, dtype, layout, epilogue, stride, padding, dilation, eps, acti
                    "graphs); a graph that is not faster with them is left to Inductor whole")
 @click.option("--verbose", is_flag=True, help="also show where each task's time went, and the start-up's")
 @db_option
-def tune_model(model_spec, input_shapes, decode, dtype, trials, strategy, seed, summary_json, devices, cluster,
-               cluster_wait, dry_run, check, verbose, db_path) -> None:
+def tune_model(model_spec, input_shapes, decode, dtype, trials, strategy, seed, summary_json, devices, per_gpu,
+               cluster, cluster_wait, dry_run, check, verbose, db_path) -> None:
     """Extract a model's contractions (with their fusable epilogues) and tune each on this GPU."""
     from tritune.tuner.cli import display
     from tritune.tuner.gpus.start import TuneOptions
@@ -177,8 +180,10 @@ def tune_model(model_spec, input_shapes, decode, dtype, trials, strategy, seed, 
         display.out.print(display.plan_table(inputs.planned(model_spec, input_shapes, dtype, trials, decode)))
         return
     where = inputs.where(devices, cluster, cluster_wait)
+    if cluster and per_gpu > 1:
+        raise UsageError("--per-gpu sets this host's workers; a cluster's hosts measure as they are started")
     options = TuneOptions(strategy=strategy, seed=seed, devices=where[0], cluster=where[1], cluster_wait_s=where[2],
-                          verbose=verbose)
+                          verbose=verbose, per_gpu=per_gpu)
     planned: list = []
     capture = lambda: planned.extend(inputs.planned(model_spec, input_shapes, dtype, trials, decode))  # noqa: E731
     if check and cluster:  # the check compiles and runs the whole model on a GPU of this host

@@ -41,6 +41,7 @@ class TuneOptions:
     devices: tuple[int, ...] | str | None = None  # GPUs to measure on: indices, "all", or None (the first)
     cluster: str | None = None  # a Dask scheduler's address: measure on its GPU hosts (`tune-cli worker`)
     cluster_wait_s: float = 30.0  # how long to wait for a first GPU host to join the cluster
+    per_gpu: int = 1  # workloads measured at once on each GPU (a worker each, taking turns on the GPU)
 
 
 def parse_devices(text: str | None) -> tuple[int, ...] | str | None:
@@ -58,9 +59,10 @@ def parse_devices(text: str | None) -> tuple[int, ...] | str | None:
 
 def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0, workers: int | None = None,
               meanwhile: Callable[[], None] | None = None,
-              devices: tuple[int, ...] | str | None = None) -> tuple[Runner | Runners, Builder]:
-    """Start the GPU workers (one per device of `devices`, see `parse_devices`, each with a second
-    one for the head-to-head) and the compile pool together; while the first worker comes up
+              devices: tuple[int, ...] | str | None = None, per_gpu: int = 1) -> tuple[Runner | Runners, Builder]:
+    """Start the GPU workers (`per_gpu` per device of `devices`, see `parse_devices`, each with a
+    second one for the head-to-head; the workers of one device take turns at whatever they time
+    there, `LocalRunner.gpu_lock`) and the compile pool together; while the first worker comes up
     (seconds of imports and CUDA start), the pool's processes start and import the compiler, and
     this process loads what the run will need and runs `meanwhile` (e.g. capturing a model); then
     the pool gets the device's target. The pool is one per host, shared by every device. Where the
@@ -69,11 +71,13 @@ def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
     fake = importlib.import_module(SETTINGS.fake_gpu) if SETTINGS.fake_gpu else None
     make = partial(LocalRunner, timing, timeout_s=timeout_s, seed=seed, judge=True,
                    **({"handlers": fake.handlers} if fake else {}))
-    runner = first = make(device=0 if devices == "all" else devices[0] if devices else None)
+    locks: dict[int, threading.Lock] = {}  # one per device, shared by every worker measuring there
+    head = 0 if devices == "all" else devices[0] if devices else None
+    runner = first = make(device=head, gpu_lock=locks.setdefault(head or 0, threading.Lock()))
     started, builder, ahead = [first], None, {}
 
     def another(i: int) -> LocalRunner:  # a device's runner besides the first, stopped if the start fails
-        started.append(make(device=i, watch=first.watch))
+        started.append(make(device=i, watch=first.watch, gpu_lock=locks.setdefault(i, threading.Lock())))
         started[-1].expected = ahead.get(i)
         return started[-1]
 
@@ -106,6 +110,9 @@ def start_gpu(timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
         others = [early.pop(i) if i in early else another(i) for i in indices[1:]]
         for unused in early.values():  # "all" guessed more GPUs than the first worker sees
             unused.close(now=True)
+        # a device's further workers after one of each device's: the first workloads spread over GPUs
+        each_device = [first, *others]
+        others += [another(r.device or 0) for _ in range(per_gpu - 1) for r in each_device]
         if others:
             runner = Runners([first] + others)
             _same_gpus(runner)
@@ -204,7 +211,7 @@ def gpu_session(options: TuneOptions, meanwhile: Callable[[], None] | None = Non
         runner, builder = connect(options.cluster, options.cluster_wait_s, meanwhile)
     else:
         runner, builder = start_gpu(timeout_s=options.timeout_s, seed=options.seed, workers=options.workers,
-                                    meanwhile=meanwhile, devices=options.devices)
+                                    meanwhile=meanwhile, devices=options.devices, per_gpu=options.per_gpu)
     interrupted = True
     try:
         yield runner, builder

@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -24,6 +25,10 @@ from tritune.tuner.timing import Timing
 from tritune.tuner.worker.protocol import OneRunner
 
 STARTUP_TIMEOUT_S = 120.0
+# requests that run timed work on the GPU: one at a time per device, whichever worker asks (a
+# candidate's check runs kernels too, and would stretch another's timing); compiling the
+# alternatives ahead ("prepare") is CPU work with a few runs, left free as before
+ON_GPU = ("measure", "torch", "head_to_head")
 
 
 def gpu_handlers(timing: Timing) -> dict[str, Callable[[dict], Any]]:
@@ -113,8 +118,12 @@ class LocalRunner(OneRunner):
 
     def __init__(self, timing: Timing = Timing(), timeout_s: float = 30.0, seed: int = 0,
                  handlers: Callable[[Timing], dict] = gpu_handlers, device: int | None = None,
-                 watch: Stopwatch | None = None, host: str | None = None, judge: bool = False) -> None:
+                 watch: Stopwatch | None = None, host: str | None = None, judge: bool = False,
+                 gpu_lock: Any = None) -> None:
         self.timing, self.timeout_s, self.seed, self.device = timing, timeout_s, seed, device
+        # held while its worker runs anything on the GPU that is timed or may disturb a timing;
+        # shared by every worker on one device (several workloads' workers, the head-to-head's)
+        self.gpu_lock = gpu_lock if gpu_lock is not None else threading.Lock()
         self.host = host or socket.gethostname()  # who measured, in the records: "host:device"
         self.lost = False  # its worker could not be started: the device is gone for this run
         self._why = ""  # why it is lost
@@ -135,7 +144,8 @@ class LocalRunner(OneRunner):
         self._closed = False  # stopped for good: a measurement cut short by that starts no new worker
         # the worker's check and timing seconds, and worker starts (shared by a group's runners)
         self.watch = watch or Stopwatch()
-        self._judge = LocalRunner(timing, timeout_s, seed, handlers, device, Stopwatch(), self.host) if judge else None
+        self._judge = LocalRunner(timing, timeout_s, seed, handlers, device, Stopwatch(), self.host,
+                                  gpu_lock=self.gpu_lock) if judge else None
         # the one thread that asks the second worker, in order: a head-to-head after the compiles
         # asked for before it, and no caller waits for a compile it did not ask the result of
         self._judge_queue = ThreadPoolExecutor(1, thread_name_prefix="tritune-head-to-head") if judge else None
@@ -245,9 +255,10 @@ class LocalRunner(OneRunner):
         """Send one request; raises WorkerDied (and drops the worker) on crash or timeout."""
         with self._lock:
             self._ensure()
-            self._conn.send((kind, payload))
-            limit = timeout_s or self.timeout_s
-            answer = self._answer(limit, f"no answer within {limit:.0f} s (hang?); worker restarted", Status.TIMEOUT)
+            with self.gpu_lock if kind in ON_GPU else nullcontext():
+                self._conn.send((kind, payload))
+                limit = timeout_s or self.timeout_s
+                answer = self._answer(limit, f"no answer within {limit:.0f} s (hang?); worker restarted", Status.TIMEOUT)
             if answer[0] == "error" and answer[1]["status"] is Status.CRASH:
                 self._kill()
             return answer
@@ -389,8 +400,8 @@ class Runners:
 
     @property
     def gpus(self) -> int:
-        """GPUs the group measures on (lost ones too: the measurer counts the live ones itself)."""
-        return sum(r.gpus for r in self.each)
+        """GPUs the group measures on, each once (lost ones too: the measurer counts the live ones itself)."""
+        return sum({r.name: r.gpus for r in self.each}.values())
 
     @property
     def lost(self) -> bool:

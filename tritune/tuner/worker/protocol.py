@@ -56,6 +56,12 @@ class Runner(Protocol):
         """Stop: after the work in hand, or at once (`now`: the run was interrupted)."""
 
 
+def distinct_gpus(runners: Any) -> int:
+    """GPUs that the runners not lost measure on, each counted once: runners that answer to one
+    name share its devices (several workloads' workers on one GPU, `tune-model --per-gpu`)."""
+    return sum({r.name: r.gpus for r in runners if not r.lost}.values())
+
+
 class OneRunner:
     """The parts of the contract a runner of one device shares: it is its own `each`, measures one
     candidate at a time, gains no runners mid-run, and has a stopwatch."""
