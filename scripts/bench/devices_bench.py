@@ -5,6 +5,7 @@ per run under a temp dir), then a Dask GPU host SIGKILLed mid-run.
   run1 / run2     tune-cli run --op matmul --shape 4096 --dtype fp16 --trials 128 --verbose [--devices all]
   model1 / model2 tune-cli tune-model --model tritune.tuner.model.zoo:llama --input-shape 1,2048,2048
                   --no-check --trials T [--devices all]
+  model1x2        model1 with --per-gpu 2: two workloads at once on the first GPU
   dask1 / dask2   the run1 workload through --cluster: a local Dask scheduler in this process and one
                   `tune-cli worker` per GPU (--devices i, --workers C each), started before the command
   kill            dask2's command again; once --kill-at trials are stored, one worker is SIGKILLed:
@@ -37,8 +38,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-STEPS = ("run1", "run2", "model1", "model2", "dask1", "dask2", "kill")
-TWINS = {"run2": "run1", "model2": "model1", "dask2": "dask1"}  # each step's one-GPU baseline
+STEPS = ("run1", "run2", "model1", "model2", "model1x2", "dask1", "dask2", "kill")
+TWINS = {"run2": "run1", "model2": "model1", "model1x2": "model1", "dask2": "dask1"}  # each step's one-GPU baseline
 EXIT_NO_GPU = 3
 RUN = ["run", "--op", "matmul", "--shape", "4096", "--dtype", "fp16", "--verbose"]
 MODEL = ["tune-model", "--model", "tritune.tuner.model.zoo:llama", "--input-shape", "1,2048,2048", "--dtype", "fp16",
@@ -237,10 +238,12 @@ def step_run(args: argparse.Namespace, root: Path, name: str, timeout_s: float) 
 
 
 def step_model(args: argparse.Namespace, root: Path, name: str, timeout_s: float) -> dict:
-    """model1 / model2: tune-model of the zoo llama at prefill on the first GPU, or on every GPU."""
+    """model1 / model2 / model1x2: tune-model of the zoo llama at prefill on the first GPU, on every
+    GPU, or on the first with two workloads at once."""
     db, out = root / name / "t.db", root / name / "summary.json"
     cmd = tune_cli([*MODEL, "--trials", str(args.trials), "--db", str(db), "--summary-json", str(out),
-                    *(["--devices", "all"] if name == "model2" else [])])
+                    *(["--devices", "all"] if name == "model2" else []),
+                    *(["--per-gpu", "2"] if name == "model1x2" else [])])
     run = timed(cmd, fresh_env(root, name), timeout_s, root / f"{name}.log")
     summary = json.loads(out.read_text()) if out.exists() else {}
     return summarised(run, db, busy_of_model(summary, run["seconds"]))
@@ -353,14 +356,14 @@ def kill_verdict(db: Path, before: set[str], run: dict) -> dict:
 
 
 STEP_FUNCS = {"run1": step_run, "run2": step_run, "model1": step_model, "model2": step_model,
-              "dask1": step_dask, "dask2": step_dask, "kill": step_kill}
+              "model1x2": step_model, "dask1": step_dask, "dask2": step_dask, "kill": step_kill}
 
 
 def why_skipped(name: str, gpus: int, spent_s: float, budget_s: float) -> str:
     """Why a step cannot run here now ('' where it can)."""
     if spent_s > budget_s:
         return f"the time budget of {budget_s:.0f} s is spent"
-    if name not in ("run1", "model1", "dask1") and gpus < 2:
+    if name not in ("run1", "model1", "model1x2", "dask1") and gpus < 2:
         return f"this host has {gpus} GPU"
     if name.startswith(("dask", "kill")):
         try:
