@@ -8,8 +8,18 @@ Tiers (pyproject.toml's addopts leave out tests marked `system`): `python -m pyt
 tier; `-m system` the system tier (process kills, clusters, sm_90 and real Triton builds,
 whole-model compiles, long searches); `-m "system or not system"` the full suite. No test under
 tests/gpu is marked `system`, so the GPU command above runs all of them.
+
+Layout: the CPU tests lie in one folder per subpackage of tritune (tests/tuner, tests/kernels, ...,
+each by what it mainly tests; the CLI is tritune/tuner/cli, so its tests are under tests/tuner),
+tests/project checks what is not one package's (the layering, the docs, the scripts), and
+tests/helpers holds the harness modules they import (stand-in GPUs and workers, small models,
+small databases; not tests). Test modules are imported by their basename (no __init__.py files), so
+every test module's name is unique across tests/; this file puts tests/helpers and each test folder
+on sys.path, so `import fakes` or `from test_cli import cli` works from any folder. Data files stay
+in tests/fixtures.
 """
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -17,6 +27,12 @@ import pytest
 
 GPU_TESTS = os.environ.get("TRITUNE_GPU_TESTS", "") not in ("", "0")
 GPU_SUITE = Path(__file__).parent / "gpu"
+HELPERS = Path(__file__).parent / "helpers"
+
+# the harness modules, and test modules that others import (fixtures, shared cases), by basename
+for _folder in [HELPERS, *sorted(p for p in Path(__file__).parent.iterdir() if any(p.glob("test_*.py")))]:
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
 
 if GPU_TESTS:
     os.environ.pop("TRITON_INTERPRET", None)  # the GPU suite checks compiled kernels

@@ -2,7 +2,7 @@
 random sample of a workload's space run by run, as the tuner's worker does (warm-up, L2 flushed
 before each run), after leaving the GPU idle as it is while a candidate compiles, and writes each
 config's first runs and the quantiles of a long timing: the data behind `timing.LOSER` and the
-candidate budget (tests/test_timing.py reads it from tests/fixtures/timing/).
+candidate budget (tests/tuner/test_timing.py reads it from tests/fixtures/timing/).
 
 Usage: python -m scripts.probes.timing_probe --shape 4096 --shape 16,4096,4096 --configs 40 --out DIR
 """

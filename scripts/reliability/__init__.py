@@ -1,2 +1,2 @@
 """A long tuning run on a GPU, its worker killed and restarted again and again (`soak`); the kill
-harness itself is tests/kill_test.py."""
+harness itself is tests/helpers/kill_harness.py."""

@@ -194,7 +194,7 @@ def test_former_keys_name_every_op_once():
 
 
 # ----- the shipped recordings: keyed on the GPU and versions, never on a template
-FIXTURES = Path(__file__).parent / "fixtures" / "spaces"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "spaces"
 RECORDINGS = sorted(BUNDLED.glob("*.jsonl.gz")) + sorted(FIXTURES.rglob("*.jsonl.gz"))
 
 

@@ -45,7 +45,7 @@ def awkward_inputs(dtype=torch.float32, device="cpu"):
 
 
 def mlp():
-    """A factory for `tune-cli tune-model --model tests/models.py:mlp`: two workloads of equal FLOPs."""
+    """A factory for `tune-cli tune-model --model tests/helpers/models.py:mlp`: two workloads of equal FLOPs."""
     return nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.Linear(96, 64))
 
 
@@ -91,7 +91,7 @@ class GatedMLP(nn.Module):
 
 
 def swiglu():
-    """A factory for `tune-cli tune-model --model tests/models.py:swiglu`: a gated MLP (input 64 wide)."""
+    """A factory for `tune-cli tune-model --model tests/helpers/models.py:swiglu`: a gated MLP (input 64 wide)."""
     return GatedMLP(64, 96)
 
 
@@ -113,7 +113,7 @@ class Block(nn.Module):
     """One pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)); attention with q,
     k, v and o projections (causal scaled-dot-product attention), the MLP up, gelu (tanh), down.
     At its default sizes (hidden 4096, 32 heads, MLP 4x, on 2048 tokens), an example for
-    `tune-cli tune-model --model tests/models.py:block --input-shape 1,2048,4096 --dtype fp16`:
+    `tune-cli tune-model --model tests/helpers/models.py:block --input-shape 1,2048,4096 --dtype fp16`:
     q, k and v are one workload (2048x4096x4096 + bias), o another (the same with its residual add
     fused), up is 2048x16384x4096 + bias + gelu, down 2048x4096x16384 + bias + residual."""
 
@@ -136,7 +136,7 @@ class Block(nn.Module):
 
 
 def block(hidden: int = 4096, heads: int = 32) -> Block:
-    """The factory `--model tests/models.py:block` names: a block at the default sizes."""
+    """The factory `--model tests/helpers/models.py:block` names: a block at the default sizes."""
     return Block(hidden, heads)
 
 

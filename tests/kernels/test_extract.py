@@ -70,7 +70,7 @@ def test_a_model_export_cannot_capture_is_one_clear_error():
     assert "\n" not in str(info.value)
 
 
-MODELS = str(Path(__file__).parent / "models.py")
+MODELS = str(Path(__file__).parents[1] / "helpers" / "models.py")
 
 
 @pytest.mark.parametrize("args, needle", [

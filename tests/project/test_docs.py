@@ -19,7 +19,7 @@ import pytest
 
 from tritune.tuner.cli import cli
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOG = ROOT / "docs" / "benchmarks-log.md"
 README_MAX_LINES = 150
 CELL_MAX_CHARS = 400

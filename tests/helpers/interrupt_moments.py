@@ -5,7 +5,7 @@ that much CPU time: an interval timer's SIGPROF, whose handler sends the stop (S
 SIGKILL). CPU time, not the clock, places the moments: a loaded host moves them all alike. The
 moments spread over the CPU time of a whole run (a first child, not stopped).
 
-Usage: python tests/interrupt_moments.py WORK MOMENTS -- COMMAND...   (prints one JSON object)
+Usage: python tests/helpers/interrupt_moments.py WORK MOMENTS -- COMMAND...   (prints one JSON object)
 
 Each moment's record: the signal, the exit (0 where the command ended first; 130, 143, or -9), its
 stderr, the database's integrity and trial count, and the sha256 of every file in its folder.

@@ -82,7 +82,7 @@ def test_the_check_stores_each_measured_mode_and_reports_failures(tmp_path):
 
 
 def test_without_a_gpu_the_check_says_so_once_per_mode_and_stores_nothing(tmp_path):
-    results = model_check.check_model(f"{Path(__file__).parent / 'models.py'}:Awkward", ["2,3,29", "3,5,7"], "fp32", tmp_path / "t.db",
+    results = model_check.check_model(f"{Path(__file__).parents[1] / 'helpers' / 'models.py'}:Awkward", ["2,3,29", "3,5,7"], "fp32", tmp_path / "t.db",
                                       modes=("default", "reduce-overhead"), timeout_s=120)
     assert [r["mode"] for r in results] == ["default", "reduce-overhead"]
     assert all(r["error"].startswith("the model could not be built on the GPU") for r in results), results
@@ -112,7 +112,7 @@ def test_in_the_default_mode_the_wall_time_decides():
 
 @pytest.mark.system
 def test_the_early_check_waits_for_the_tuning_and_is_killed_if_it_never_comes(tmp_path):
-    spec = f"{Path(__file__).parent / 'models.py'}:Awkward"
+    spec = f"{Path(__file__).parents[1] / 'helpers' / 'models.py'}:Awkward"
     with model_check.EarlyCheck(spec, ["2,3,29", "3,5,7"], "fp32", tmp_path / "t.db", modes=("default",)) as early:
         time.sleep(3)  # long enough for its start and the model's (failed) build here
         assert early._proc.is_alive() and not early._out.exists()  # waiting to be told the tuning is done

@@ -15,7 +15,7 @@ from tritune.tuner.recordings import BUNDLED, Recording, RecordedBuilder, Record
 from tritune.tuner.task import Task, best_of
 from tritune.tuner.tuner import Tuner
 
-SPACES = Path(__file__).parent / "fixtures" / "spaces"
+SPACES = Path(__file__).parents[1] / "fixtures" / "spaces"
 LEGACY = SPACES / "legacy"
 SEEDS = range(5)  # cold sa and random
 WARM_SEEDS = range(10)  # warm sa, as `tune-cli run` runs it: >= 0.98 of the best in >= 9 of 10

@@ -32,7 +32,7 @@ def build_sm90(cases, ptx=False, replay=False):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     lines = "".join(json.dumps({"expr": e.to_dict(), "config": dict(c), "ptx": ptx, "replay": replay}) + "\n"
                     for e, c in cases)
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("sm90_build.py"))], input=lines,
+    proc = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "helpers" / "sm90_build.py")], input=lines,
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return [json.loads(line) for line in proc.stdout.splitlines()]

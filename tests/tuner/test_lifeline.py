@@ -15,7 +15,7 @@ from tritune.schedules.config import Config
 from tritune.tuner.builder import Builder
 from tritune.tuner.worker.lifeline import start_lasting
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 
 
 class AbortingBuilder(Builder):

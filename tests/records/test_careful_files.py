@@ -18,7 +18,7 @@ from tritune.records import files
 from tritune.records.database import Database
 from tritune.tuner.recordings import read_lines, write_lines
 
-TESTS = Path(__file__).parent
+HELPERS = Path(__file__).parents[1] / "helpers"
 
 
 @pytest.mark.parametrize("out", ["t.db", "t.db-wal", "t.db-shm", "t.db-journal", "link.db", "hard.db", "sub/../t.db"])
@@ -117,7 +117,7 @@ def test_a_report_stopped_before_its_last_file_leaves_the_folder_as_it_was(tmp_p
 
 def stop_at_moments(work: Path, count: int, *command: str) -> dict:
     """`interrupt_moments.py`: the command run whole, then stopped at `count` moments."""
-    proc = subprocess.run([sys.executable, str(TESTS / "interrupt_moments.py"), str(work), str(count), "--", *command],
+    proc = subprocess.run([sys.executable, str(HELPERS / "interrupt_moments.py"), str(work), str(count), "--", *command],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)

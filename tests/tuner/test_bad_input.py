@@ -27,7 +27,7 @@ from tritune.records.database import Database
 from tritune.records.result import DeviceKey, MeasureResult, Status
 from tritune.tuner.gpus import cluster
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 GPU = DeviceKey("GPU", "9.0", "3.6", "2.11", "t")
 SPEC = '{"op":"matmul","batch":1,"m":64,"n":64,"k":64,"dtype":"fp16"}'
 KEY = "8db12e4c8e283f01"  # SPEC's workload key: an import checks it

@@ -12,7 +12,7 @@ from tritune.tuner.cli import main
 from tritune.tuner.recordings import Recording
 from tritune.tuner.recordings.pipeline import to_database
 
-SPACES = Path(__file__).parent / "fixtures" / "spaces" / "legacy"
+SPACES = Path(__file__).parents[1] / "fixtures" / "spaces" / "legacy"
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Kill `tune-cli run` at any moment: real processes on a stand-in GPU (tests/fake_gpu.py), stopped
+"""Kill `tune-cli run` at any moment: real processes on a stand-in GPU (tests/helpers/fake_gpu.py), stopped
 by SIGKILL, SIGTERM and SIGINT; a full disk and a read-only database; four tuners on one database."""
 import os
 import random
@@ -26,7 +26,7 @@ from tritune.tuner.worker.local import LocalRunner
 
 pytestmark = pytest.mark.system  # tune-cli runs killed by signals, stand-in GPUs in worker processes
 
-TESTS = Path(__file__).parent
+HELPERS = Path(__file__).parents[1] / "helpers"
 
 
 def tune(trials: int, *extra: str) -> list[str]:
@@ -41,7 +41,7 @@ RUN = tune(5000)  # more than 20 short runs measure: every run ends by its stop
 @pytest.fixture
 def fake_gpu(tmp_path, monkeypatch):
     """Whole tune-cli processes on the stand-in GPU, which logs what it measures."""
-    path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
+    path = os.pathsep.join([str(HELPERS), os.environ.get("PYTHONPATH", "")])
     monkeypatch.setenv("PYTHONPATH", path)
     monkeypatch.setenv("TRITUNE_FAKE_GPU", "fake_gpu")
     monkeypatch.setenv("FAKE_GPU_LOG", str(tmp_path / "measured.log"))
@@ -135,7 +135,7 @@ def test_children_end_with_their_parent(tmp_path):
             "from tritune.tuner.builder import Builder\nfrom tritune.tuner.worker.local import LocalRunner\n"
             "r = LocalRunner(handlers=fake_worker.handlers); r.device_info()\n"
             "b = Builder(None, workers=2); b._pool.submit(time.sleep, 0).result()\n"
-            "print(r._proc.pid, *b._pool._processes, flush=True); time.sleep(60)\n") % str(TESTS)
+            "print(r._proc.pid, *b._pool._processes, flush=True); time.sleep(60)\n") % str(HELPERS)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     children = [int(p) for p in proc.stdout.readline().split()]
     assert len(children) >= 2  # the GPU worker and at least one pool process

@@ -110,7 +110,7 @@ class AllBuild(FakeBuilder):
 
 
 def fake_gpu_session(monkeypatch, builder=AllBuild):
-    """tune-cli's session on a fake GPU worker (tests/fake_worker.py) and a fake builder."""
+    """tune-cli's session on a fake GPU worker (tests/helpers/fake_worker.py) and a fake builder."""
     from functools import partial
 
     import fake_worker

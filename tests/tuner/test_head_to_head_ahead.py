@@ -1,6 +1,6 @@
 """The run's start and end off the critical path: the head-to-head's alternatives compiled ahead in a
 second worker while the search measures in the first, and the prior learned while the space is
-enumerated. Real worker processes with stand-in handlers (tests/fake_worker.py); no GPU, no clocks."""
+enumerated. Real worker processes with stand-in handlers (tests/helpers/fake_worker.py); no GPU, no clocks."""
 import threading
 
 import numpy as np

@@ -10,7 +10,7 @@ import pytest
 
 from tritune.tuner.timing import LOSER, Timing, clearly_slower, runs_for
 
-FIXTURES = sorted((Path(__file__).parent / "fixtures" / "timing").glob("*.json"))
+FIXTURES = sorted((Path(__file__).parents[1] / "fixtures" / "timing").glob("*.json"))
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)

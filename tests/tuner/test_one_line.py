@@ -20,7 +20,7 @@ from test_bad_input import one_line
 from test_cli import cli
 from tritune.records.database import Database
 
-TESTS = Path(__file__).parent
+HELPERS = Path(__file__).parents[1] / "helpers"
 
 
 @pytest.mark.parametrize("address, words", [
@@ -177,7 +177,7 @@ def until(found, proc: subprocess.Popen, limit_s: float = 120.0):
 def test_ctrl_c_while_the_children_start_is_one_line(tmp_path):
     mark = uuid.uuid4().hex
     env = {**os.environ, kill_harness.MARK: mark, "TRITUNE_FAKE_GPU": "fake_gpu", "FAKE_GPU_MS": "15",
-           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(HELPERS), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-m", "tritune", "run", "--op", "conv2d", "--shape", "8,28,28,64,64,3,3",
                              "--padding", "1", "--trials", "5000", "--db", str(tmp_path / "t.db")], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)

@@ -20,7 +20,7 @@ from tritune.tuner.cli import EXIT_NO_GPU, main
 from tritune.tuner.gpus import start
 from tritune.tuner.worker.local import LocalRunner
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+HELPERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers")
 FACTS = {"gpu": "Fake H100", "capability": "9.0", "sms": 132, "shared_bytes": 232448, "triton": "3.x",
          "torch": "2.x", "device": 0, "device_count": 1}
 
@@ -144,7 +144,7 @@ def test_two_stand_in_gpus_started_on_the_driver_facts_both_measure(tmp_path):
     checks its own, both measure; a device the driver does not have leaves the run to the workers'
     answers, which name it."""
     # TOGETHER: neither device measures before both workers are up (one started late measured all 24)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([HELPERS, os.environ.get("PYTHONPATH", "")]),
            "TRITUNE_FAKE_GPU": "fake_gpu", "FAKE_GPU_MS": "10", "FAKE_GPU_EARLY": "1", "FAKE_GPU_DEVICES": "2",
            "FAKE_GPU_TOGETHER": str(tmp_path)}
     tune = [sys.executable, "-m", "tritune", "run", "--shape", "512,256,1024", "--trials", "24", "--batch-size", "8"]

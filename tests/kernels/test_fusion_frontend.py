@@ -207,7 +207,7 @@ def test_tune_model_tunes_a_gated_pair_as_one_task(monkeypatch, tmp_path, capsys
     monkeypatch.setattr(start, "LocalRunner", partial(LocalRunner, handlers=fake_worker.session_handlers))
     monkeypatch.setattr(start, "Builder", lambda *args, **kwargs: FakeBuilder())
     db = tmp_path / "t.db"
-    main(["tune-model", "--model", str(Path(__file__).parent / "models.py:swiglu"), "--input-shape", "2,20,64",
+    main(["tune-model", "--model", str(Path(__file__).parents[1] / "helpers" / "models.py:swiglu"), "--input-shape", "2,20,64",
           "--dtype", "fp32", "--trials", "40", "--strategy", "random", "--no-check", "--db", str(db)])
     out = capsys.readouterr().out
     assert "gated silu 40x96x64 fp32" in out and "matmul 40x64x96 fp32 NT" in out

@@ -17,7 +17,7 @@ from tritune.records.result import DeviceKey, MeasureResult, Status
 from tritune.schedules.config import Config
 
 GPU = DeviceKey("GPU", "9.0", "3.6", "2.11", "t")
-TESTS = Path(__file__).parent
+HELPERS = Path(__file__).parent
 # the Linux capabilities that let root past permissions: CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER
 ROOT_OVERRIDES = (1, 2, 3)
 PR_CAPBSET_DROP = 24
@@ -64,7 +64,7 @@ def _drop_root_overrides() -> None:
 
 def unprivileged(code: str, *args: str) -> subprocess.CompletedProcess:
     """Python `code` (given `args`) in a process bound by file permissions (as root: without the
-    capabilities that override them; exit 99 where they cannot be dropped), with tests/ on its path."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    capabilities that override them; exit 99 where they cannot be dropped), with tests/helpers on its path."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HELPERS), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=120,
                           preexec_fn=_drop_root_overrides if os.geteuid() == 0 else None)

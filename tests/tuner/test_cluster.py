@@ -1,5 +1,5 @@
 """Tuning through Dask distributed on a local cluster (loopback only): a scheduler in this process,
-GPU hosts as `tune-cli worker` processes on stand-in GPUs (tests/fake_gpu.py), one killed mid-run."""
+GPU hosts as `tune-cli worker` processes on stand-in GPUs (tests/helpers/fake_gpu.py), one killed mid-run."""
 import os
 import subprocess
 import sys
@@ -17,7 +17,7 @@ from tritune.tuner.cli import main, make_expr
 
 pytestmark = pytest.mark.system  # Dask clusters: a scheduler, worker processes, a killed host
 
-TESTS = Path(__file__).parent
+HELPERS = Path(__file__).parents[1] / "helpers"
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def hosts(scheduler, tmp_path):
         started = {}
         for name, env in hosts.items():
             log = tmp_path / f"{name}.log"
-            environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+            environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HELPERS), os.environ.get("PYTHONPATH", "")]),
                        "TRITUNE_FAKE_GPU": "fake_gpu", "FAKE_GPU_LOG": str(log), "FAKE_GPU_MS": "20", **env}
             proc = subprocess.Popen([sys.executable, "-m", "tritune", "worker", "--scheduler", scheduler,
                                      "--name", name, "--workers", "1"], env=environ, stderr=subprocess.PIPE, text=True)

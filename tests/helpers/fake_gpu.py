@@ -1,5 +1,5 @@
 """A GPU that is not there, for whole `tune-cli` processes in tests: TRITUNE_FAKE_GPU=fake_gpu (with
-tests/ on PYTHONPATH). The worker takes FAKE_GPU_MS milliseconds per measurement and appends the key
+tests/helpers on PYTHONPATH). The worker takes FAKE_GPU_MS milliseconds per measurement and appends the key
 of each config it measured to the file FAKE_GPU_LOG (if set); the builder compiles nothing. The host has FAKE_GPU_DEVICES of them (default 1); FAKE_GPU_LOSE="D:N" makes device D fall
 off the bus after N measurements (its worker dies and cannot start again); FAKE_GPU_HANG=N makes every
 device hang from its (N+1)th measurement on. Each measurement's start is logged ("workload config") to

@@ -19,13 +19,13 @@ def test_a_factory_or_module_that_exits_is_one_line(tmp_path):
 
 
 def test_inputs_too_large_to_allocate_are_one_line():
-    result = tune_model("--model", "tests/models.py:mlp", "--input-shape", "100000000000,64")
+    result = tune_model("--model", "tests/helpers/models.py:mlp", "--input-shape", "100000000000,64")
     assert result.exit_code == 2 and "cannot allocate a 100000000000x64 fp16 input" in result.output
 
 
 def test_a_summary_over_the_database_is_refused_before_any_work(tmp_path):
     db = tmp_path / "t.db"
-    result = tune_model("--model", "tests/models.py:mlp", "--input-shape", "4,64", "--db", str(db),
+    result = tune_model("--model", "tests/helpers/models.py:mlp", "--input-shape", "4,64", "--db", str(db),
                         "--summary-json", str(db))
     assert result.exit_code == 2 and "will not write" in result.output and not db.exists()
 

@@ -3,11 +3,11 @@ database's integrity, processes of the run still alive 5 s later, trials stored,
 (measured but not stored: only with the stand-in GPU of the tests, whose worker logs what it
 measured), and at the end whether a rerun measures a stored config again.
 
-Usage: python tests/kill_harness.py --kills 5 --db /tmp/k.db [--signal KILL] [--min-s 5 --max-s 30]
+Usage: python tests/helpers/kill_harness.py --kills 5 --db /tmp/k.db [--signal KILL] [--min-s 5 --max-s 30]
            [--json OUT] -- run --op matmul --shape 2048 --trials 400
 
-The run's arguments follow `--`; `--db` is added to them. With TRITUNE_FAKE_GPU=fake_gpu (tests/ on
-PYTHONPATH) and FAKE_GPU_LOG=FILE set, trials lost per stop are counted exactly.
+The run's arguments follow `--`; `--db` is added to them. With TRITUNE_FAKE_GPU=fake_gpu (tests/helpers
+on PYTHONPATH) and FAKE_GPU_LOG=FILE set, trials lost per stop are counted exactly.
 """
 from __future__ import annotations
 

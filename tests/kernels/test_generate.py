@@ -171,7 +171,7 @@ def test_tune_model_decode_lists_the_attention_over_generates_cache():
     (["--decode", "2,5,1"], "at least 2 new tokens"),
     (["--decode", "2,5", "--input-shape", "2,1,32"], "give --input-shape"),
     ([], "give --input-shape"),
-    (["--decode", "2,5", "--model", "tests/models.py:mlp"], "needs a transformers causal LM"),
+    (["--decode", "2,5", "--model", "tests/helpers/models.py:mlp"], "needs a transformers causal LM"),
 ])
 def test_bad_decode_input_is_one_line_and_exit_code_2(args, message):
     model = [] if "--model" in args else ["--model", SPEC]
