@@ -84,12 +84,12 @@ def test_generate_called_again_replays_its_capture_on_the_new_cache(tuned_db, mo
     from transformers import CompileConfig
 
     import tritune
-    from tritune.kernels.frontend import graphs
+    from tritune.kernels.frontend import cuda_graphs
     from tritune.tuner.model.decode import cache_tensors, teacher_forced
 
     captures = []
-    capture = graphs.GraphStep._capture
-    monkeypatch.setattr(graphs.GraphStep, "_capture", lambda self, args: captures.append(1) or capture(self, args))
+    capture = cuda_graphs.GraphStep._capture
+    monkeypatch.setattr(cuda_graphs.GraphStep, "_capture", lambda self, args: captures.append(1) or capture(self, args))
     db, _ = tuned_db
     torch._dynamo.reset()
     torch.manual_seed(0)

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from test_compiler import store, tuned_calls  # noqa: F401 - fixtures
-from tritune.kernels.frontend import graphs
+from tritune.kernels.frontend import cuda_graphs
 from tritune.kernels.frontend.graph import aten_graph
-from tritune.kernels.frontend.graphs import GraphStep, capturable
+from tritune.kernels.frontend.cuda_graphs import GraphStep, capturable
 
 
 class FakeGraph:
@@ -81,7 +81,7 @@ def test_replays_read_weights_in_place_and_copy_other_inputs(fake_cuda):
         out = step(w, x)[0]
         assert torch.equal(out, x @ w + 1.0)
         kept.append((out, x @ w + 1.0))
-    assert FakeGraph.captures == 1 and fn.calls == graphs.WARM_CALLS + 2  # warm calls, side stream, capture
+    assert FakeGraph.captures == 1 and fn.calls == cuda_graphs.WARM_CALLS + 2  # warm calls, side stream, capture
     # each step's output is its own: later replays did not overwrite it
     assert all(torch.equal(out, want) for out, want in kept)
     with torch.no_grad():
@@ -113,7 +113,7 @@ def _captured():
     compiled graph, step, last input, last output)."""
     w = torch.nn.Parameter(torch.randn(4, 5), requires_grad=False)
     fn, step = _step(w)
-    for _ in range(graphs.WARM_CALLS + 2):
+    for _ in range(cuda_graphs.WARM_CALLS + 2):
         _new_call()
         x = torch.randn(3, 4)
         out = step(w, x)[0]
@@ -144,7 +144,7 @@ def test_outputs_are_the_graphs_memory_a_held_set_is_spared_once_and_raises_when
 
 
 def test_a_held_output_past_the_memory_for_a_second_graph_raises_at_the_next_call(fake_cuda, poison, monkeypatch):
-    monkeypatch.setattr(graphs, "SECOND_SET_MAX_BYTES", -1)  # a graph whose memory is too large to double
+    monkeypatch.setattr(cuda_graphs, "SECOND_SET_MAX_BYTES", -1)  # a graph whose memory is too large to double
     w, fn, step, x, out = _captured()
     held = out
     _new_call()
@@ -215,7 +215,7 @@ def test_each_set_of_weights_replays_its_own_capture_and_held_outputs_of_another
 
 
 def test_more_sets_of_weights_than_kept_run_without_graphs(fake_cuda, poison, monkeypatch, caplog):
-    monkeypatch.setattr(graphs, "MAX_CAPTURES", 2)
+    monkeypatch.setattr(cuda_graphs, "MAX_CAPTURES", 2)
     w, _, step, _, _ = _captured()
     with caplog.at_level(logging.WARNING, logger="tritune.compiler"):
         for _ in range(3):
@@ -329,8 +329,8 @@ def test_through_torch_compile_outputs_are_handed_out_again_and_a_held_one_gets_
     monkeypatch.setattr(MarkStepBox, "mark_step_counter", 0)  # calls tell steps apart, not step marks (other tests')
     monkeypatch.setattr(compiler, "inductor", lambda mode=None, combo=False, early=False, options=None: lambda gm, ex: Recorded(gm))
     builds = []
-    fresh = graphs.Handout._fresh
-    monkeypatch.setattr(graphs.Handout, "_fresh", lambda self: builds.append(1) or fresh(self))
+    fresh = cuda_graphs.Handout._fresh
+    monkeypatch.setattr(cuda_graphs.Handout, "_fresh", lambda self: builds.append(1) or fresh(self))
     model = torch.nn.Sequential(torch.nn.Linear(23, 21), torch.nn.ReLU(), torch.nn.Linear(21, 9))
     db = store(tmp_path / "t.db", [t.expr for t in tritune.extract_tasks(model, (torch.randn(17, 23),))])
     torch._dynamo.reset()
@@ -388,7 +388,7 @@ def test_a_cache_allocated_anew_for_every_call_is_adopted_into_the_captured_memo
 def test_a_cache_the_caller_kept_or_views_elsewhere_are_not_adopted(fake_cuda):
     kept = _new_cache(torch.zeros(3))
     step = GraphStep(Recorded(_cache_step()), [kept, torch.randn(3)])
-    _decode(step, kept, calls=graphs.WARM_CALLS + 2)
+    _decode(step, kept, calls=cuda_graphs.WARM_CALLS + 2)
     before = kept.clone()
     cache = _new_cache(torch.randn(3))
     _decode(step, cache)  # the last cache is still held: captured anew, the kept one untouched

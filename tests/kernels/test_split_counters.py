@@ -11,7 +11,7 @@ import torch
 from test_compiler import FAST, store, tuned_calls  # noqa: F401 - fixtures
 from test_graph_step import FakeGraph, Recorded, fake_cuda  # noqa: F401 - fixtures
 from test_pdl import _mlp_graph
-from tritune.kernels.frontend import graph, graphs, sites, tuned_op
+from tritune.kernels.frontend import cuda_graphs, graph, sites, tuned_op
 from tritune.kernels.frontend.compiler import rewrite
 from tritune.schedules.config import Config
 
@@ -67,13 +67,13 @@ def test_a_capture_takes_the_counters_its_run_asked_for_zeroed_before_it(fake_cu
         return [x @ w + got[-1].sum()]
 
     w = torch.nn.Parameter(torch.randn(4, 5), requires_grad=False)
-    compiled = graphs.GraphStep(Recorded(step), [w, torch.randn(3, 4)])
-    for _ in range(graphs.WARM_CALLS + 1):
+    compiled = cuda_graphs.GraphStep(Recorded(step), [w, torch.randn(3, 4)])
+    for _ in range(cuda_graphs.WARM_CALLS + 1):
         compiled(w, torch.randn(3, 4))
     (capture,) = compiled.captures.values()
     (replayed,) = capture.sets
     # the warm calls' and the capturing call's own run got fresh zeros; the capture got the planned ones
-    assert len(got) == graphs.WARM_CALLS + 2 and compiled.counters_asked == [(x.device, 6) for x in got[:1]]
+    assert len(got) == cuda_graphs.WARM_CALLS + 2 and compiled.counters_asked == [(x.device, 6) for x in got[:1]]
     assert replayed.counters == (got[-1],) and all(got[-1] is not g for g in got[:-1])
     assert torch.equal(got[-1], torch.zeros(6, dtype=torch.int32))
 
@@ -83,7 +83,7 @@ def test_a_capture_that_fails_leaves_no_plan(fake_cuda, monkeypatch):
         sites._counters(torch.empty(1), 2)
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    compiled = graphs.GraphStep(lambda w, x: [x], [torch.nn.Parameter(torch.randn(1)), torch.randn(1)])
+    compiled = cuda_graphs.GraphStep(lambda w, x: [x], [torch.nn.Parameter(torch.randn(1)), torch.randn(1)])
     compiled.fn, compiled.counters_asked = fails, [(torch.device("cpu"), 2)]
     assert compiled._record([torch.randn(1)]).startswith("it could not be captured")
     assert sites._counter_plan.get() is None
@@ -97,8 +97,8 @@ def test_the_backend_runs_split_sites_through_the_twin_in_one_cuda_graph(fake_cu
     lowered, kept = [], []
     monkeypatch.setattr(compiler, "inductor",
                         lambda mode=None, combo=False, early=False, options=None: lambda gm, ex: lowered.append(gm) or Recorded(gm))
-    record = graphs.GraphStep._record
-    monkeypatch.setattr(graphs.GraphStep, "_record", lambda self, inputs: kept.append(record(self, inputs)) or kept[-1])
+    record = cuda_graphs.GraphStep._record
+    monkeypatch.setattr(cuda_graphs.GraphStep, "_record", lambda self, inputs: kept.append(record(self, inputs)) or kept[-1])
     model, x = torch.nn.Sequential(torch.nn.Linear(23, 21), torch.nn.ReLU(), torch.nn.Linear(21, 9)), torch.randn(17, 23)
     split = FAST.replace(SPLIT_K=2)
     db = store(tmp_path / "t.db", [t.expr for t in tritune.extract_tasks(model, (x,))], split)

@@ -33,7 +33,7 @@ from tritune.kernels.device import device_info, interpreted
 from tritune.kernels.family import device_key
 from tritune.kernels.frontend import graph
 from tritune.kernels.frontend.constants import constants_traceable, fold_constants
-from tritune.kernels.frontend.graphs import GraphStep, capturable
+from tritune.kernels.frontend.cuda_graphs import GraphStep, capturable
 from tritune.kernels.frontend.outer import outer_products
 from tritune.kernels.frontend.rewrites import GraphEdit
 from tritune.records import dispatch
@@ -136,7 +136,7 @@ class Backend:
 
     def _lowerings(self, mode: str | None, options: dict | None) -> tuple[Callable, Callable | None]:
         """The fallback in this mode, and (CUDA-graph mode, Inductor) the lowering of graphs with
-        tuned sites: Inductor's default one replayed from one plain CUDA graph each (`graphs`), not
+        tuned sites: Inductor's default one replayed from one plain CUDA graph each (`cuda_graphs`), not
         through the trees Inductor's reduce-overhead builds; with combo kernels, which took 4-6
         launches and 5.6-7.5 us of GPU time off a decode step (BENCHMARKS.md)."""
         key = (mode, json.dumps(options or {}, sort_keys=True, default=repr))

@@ -42,7 +42,7 @@ log = logging.getLogger("tritune.compiler")
 _misfits: set[Any] = set()
 # set while a `_graphed` op runs: its sites launch with the programmatic-dependence attribute
 _launch_pdl: ContextVar[bool] = ContextVar("tritune_launch_pdl", default=False)
-# Split sites' arrival counters in a compiled graph replayed from a CUDA graph (`graphs.GraphStep`).
+# Split sites' arrival counters in a compiled graph replayed from a CUDA graph (`cuda_graphs.GraphStep`).
 # Zeroed inside the graph they would cost a kernel in every replay; the kernels leave them at 0, so
 # zeroing once is enough. They must lie outside the graph's own memory, whose blocks the graph's
 # other buffers reuse within a replay (a split kernel's fp32 partials freed before a later site's
