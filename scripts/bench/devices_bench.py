@@ -7,7 +7,7 @@ per run under a temp dir), then a Dask GPU host SIGKILLed mid-run.
                   --no-check --trials T [--devices all]
   model1x2        model1 with --per-gpu 2: two workloads at once on the first GPU
   dask1 / dask2   the run1 workload through --cluster: a local Dask scheduler in this process and one
-                  `tune-cli worker` per GPU (--devices i, --workers C each), started before the command
+                  `tune-cli gpu-host` per GPU (--devices i, --compile-workers C each), started before the command
   kill            dask2's command again; once --kill-at trials are stored, one worker is SIGKILLed:
                   every trial stored before the kill must still be there, the database intact, and the
                   run must complete or stop with one line
@@ -264,21 +264,21 @@ def scheduler() -> Iterator[str]:
 
 @contextmanager
 def gpu_hosts(address: str, count: int, root: Path, name: str, cores: int, wait_s: float = 120.0) -> Iterator[list]:
-    """`count` tune-cli workers (GPU i each, `cores` compile processes, caches of their own), once
+    """`count` tune-cli gpu-hosts (GPU i each, `cores` compile processes, caches of their own), once
     each says it serves (RuntimeError past `wait_s`); every one is killed at the end."""
     procs, serving = [], []
     try:
         for i in range(count):
             log = root / f"{name}-host{i}.log"
-            cmd = tune_cli(["worker", "--scheduler", address, "--name", f"gpu{i}", "--devices", str(i),
-                            "--workers", str(cores)])
+            cmd = tune_cli(["gpu-host", "--scheduler", address, "--name", f"gpu{i}", "--devices", str(i),
+                            "--compile-workers", str(cores)])
             procs.append(subprocess.Popen(cmd, env=fresh_env(root, f"{name}-host{i}"), stdout=subprocess.DEVNULL,
                                           stderr=subprocess.PIPE, text=True))
             serving.append(_drain(procs[-1], log))
         deadline = time.perf_counter() + wait_s
         for i, ready in enumerate(serving):
             if not ready.wait(max(0.0, deadline - time.perf_counter())) or procs[i].poll() is not None:
-                raise RuntimeError(f"tune-cli worker gpu{i} is not serving (see {name}-host{i}.log)")
+                raise RuntimeError(f"tune-cli gpu-host gpu{i} is not serving (see {name}-host{i}.log)")
         yield procs
     finally:
         for proc in procs:

@@ -1,5 +1,5 @@
 """Tuning through Dask distributed on a local cluster (loopback only): a scheduler in this process,
-GPU hosts as `tune-cli worker` processes on stand-in GPUs (tests/helpers/fake_gpu.py), one killed mid-run."""
+GPU hosts as `tune-cli gpu-host` processes on stand-in GPUs (tests/helpers/fake_gpu.py), one killed mid-run."""
 import os
 import subprocess
 import sys
@@ -32,7 +32,7 @@ def scheduler():
 
 @pytest.fixture
 def hosts(scheduler, tmp_path):
-    """Start `tune-cli worker` processes on stand-in GPUs, all at once: `start(name=env, ...)` (the
+    """Start `tune-cli gpu-host` processes on stand-in GPUs, all at once: `start(name=env, ...)` (the
     env as FAKE_GPU_* settings) returns each one's process and measurement log once all serve;
     every one is killed at the end."""
     procs = []
@@ -43,8 +43,8 @@ def hosts(scheduler, tmp_path):
             log = tmp_path / f"{name}.log"
             environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HELPERS), os.environ.get("PYTHONPATH", "")]),
                        "TRITUNE_FAKE_GPU": "fake_gpu", "FAKE_GPU_LOG": str(log), "FAKE_GPU_MS": "20", **env}
-            proc = subprocess.Popen([sys.executable, "-m", "tritune", "worker", "--scheduler", scheduler,
-                                     "--name", name, "--workers", "1"], env=environ, stderr=subprocess.PIPE, text=True)
+            proc = subprocess.Popen([sys.executable, "-m", "tritune", "gpu-host", "--scheduler", scheduler,
+                                     "--name", name, "--compile-workers", "1"], env=environ, stderr=subprocess.PIPE, text=True)
             procs.append(proc)
             started[name] = proc, log
         for proc, _ in started.values():
@@ -142,7 +142,7 @@ def test_bad_or_empty_clusters_are_one_line(scheduler, tmp_path, capsys, args, c
 
 
 def test_a_worker_without_a_scheduler_is_one_line():
-    proc = subprocess.run([sys.executable, "-m", "tritune", "worker", "--scheduler", "tcp://127.0.0.1:1"],
+    proc = subprocess.run([sys.executable, "-m", "tritune", "gpu-host", "--scheduler", "tcp://127.0.0.1:1"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3 and proc.stderr.strip() == (
         "tune-cli: cannot reach a Dask scheduler at tcp://127.0.0.1:1: Connection refused"), proc.stderr

@@ -30,7 +30,7 @@ HELPERS = Path(__file__).parents[1] / "helpers"
     ("tcp://127.0.0.1:70000", "port 70000 is out of range (1 to 65535)"),
     ("127.0.0.1:0", "port 0 is out of range"),
 ])
-@pytest.mark.parametrize("command", [["run", "--shape", "64", "--cluster"], ["worker", "--scheduler"]])
+@pytest.mark.parametrize("command", [["run", "--shape", "64", "--cluster"], ["gpu-host", "--scheduler"]])
 def test_an_address_tritune_cannot_serve_is_refused_before_connecting(tmp_path, capsys, address, words, command):
     listener = socket.create_server(("127.0.0.1", 0))  # a listener that never answers: TLS hung on one
     address = address.replace("PORT", str(listener.getsockname()[1]))
@@ -46,7 +46,8 @@ def test_an_address_tritune_cannot_serve_is_refused_before_connecting(tmp_path, 
 @pytest.mark.parametrize("args", [
     ["run", "--shape", "64", "--timeout", "nan"], ["run", "--shape", "64", "--timeout", "inf"],
     ["run", "--shape", "64", "--cluster", "tcp://h:1", "--cluster-wait", "nan"],
-    ["worker", "--scheduler", "tcp://h:1", "--timeout", "nan"],
+    ["gpu-host", "--scheduler", "tcp://h:1", "--timeout", "nan"],
+    ["worker", "--scheduler", "tcp://h:1", "--timeout", "nan"],  # the former name of gpu-host
     ["recording", "sample", "--timeout", "nan"], ["recording", "sample", "--rep-ms", "nan"],
 ])
 def test_a_time_that_is_not_a_finite_number_is_refused(tmp_path, capsys, args):

@@ -4,6 +4,7 @@ model checked), `worker` (a GPU host of a cluster), `best`, `export`, `import`, 
 2; no GPU, exit code 3."""
 from __future__ import annotations
 
+import copy
 import json
 import signal
 import sys
@@ -112,7 +113,8 @@ def cli() -> None:
 @click.option("--batch-size", default=32, show_default=True, type=click.IntRange(1), help="candidates per round")
 @click.option("--early-stop", default=None, type=click.IntRange(1), help="stop after this many trials without a new best")
 @click.option("--timeout", default=30.0, show_default=True, type=Finite(1), help="seconds before a candidate counts as hung")
-@click.option("--workers", default=None, type=click.IntRange(1), help="compile processes [default: one per core]")
+@click.option("--compile-workers", "--workers", "workers", default=None, type=click.IntRange(1),
+              help="compile processes [default: one per core]")
 @click.option("--devices", default=None, help="GPUs to measure on, e.g. 0,1 or all (one worker each) [default: the first]")
 @cluster_options
 @click.option("--summary-json", default=None, type=click.Path(dir_okay=False), callback=paths.output_file,
@@ -235,13 +237,14 @@ def _no_check(asked: bool) -> list[dict]:
     return []
 
 
-@cli.command()
+@cli.command("gpu-host")
 @click.option("--scheduler", required=True, metavar="ADDRESS", help="the Dask scheduler to serve (tcp://HOST:8786)")
 @click.option("--devices", default="all", show_default=True, help="this host's GPUs to measure on, e.g. 0,1 or all")
 @click.option("--name", default=None, help="this host's name in the cluster and in the records [default: hostname]")
 @click.option("--timeout", default=30.0, show_default=True, type=Finite(1), help="seconds before a candidate counts as hung")
-@click.option("--workers", default=None, type=click.IntRange(1), help="compile processes [default: one per core]")
-def worker(scheduler, devices, name, timeout, workers) -> None:
+@click.option("--compile-workers", "--workers", "workers", default=None, type=click.IntRange(1),
+              help="compile processes [default: one per core]")
+def gpu_host(scheduler, devices, name, timeout, workers) -> None:
     """Measure for tune-cli runs on a cluster: this host's GPUs and compile pool, until stopped."""
     from functools import partial
 
@@ -369,4 +372,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 cli.add_command(recording)
+# `tune-cli worker`, the GPU host's former name, still starts one (unlisted: "worker" also meant
+# the GPU worker processes and the compile pool's)
+cli.add_command(copy.copy(gpu_host), "worker")
+cli.commands["worker"].hidden = True
 cli.add_command(carry_over)

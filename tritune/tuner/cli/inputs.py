@@ -83,7 +83,7 @@ def cluster_options(command: Any) -> Any:
                            help="with --cluster: seconds to wait for a first GPU host to join")(command)
     return click.option("--cluster", default=None, metavar="ADDRESS",
                         help="measure on the GPU hosts of this Dask scheduler (tcp://HOST:8786), each started "
-                             "there with `tune-cli worker --scheduler ADDRESS`, instead of this host's GPUs")(command)
+                             "there with `tune-cli gpu-host --scheduler ADDRESS`, instead of this host's GPUs")(command)
 
 
 def devices(text: str | None) -> Any:
@@ -102,7 +102,7 @@ def where(devices_text: str | None, cluster: str | None, wait_s: float) -> tuple
     if cluster is None:
         return devices(devices_text), None, wait_s
     if devices_text is not None:
-        raise UsageError("--devices picks this host's GPUs; a cluster's hosts pick theirs (tune-cli worker --devices)")
+        raise UsageError("--devices picks this host's GPUs; a cluster's hosts pick theirs (tune-cli gpu-host --devices)")
     return None, address(cluster), wait_s
 
 

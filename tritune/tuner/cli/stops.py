@@ -14,7 +14,7 @@ STOPPED = {"run": STORED, "tune-model": STORED, "best": "nothing was written",
            "import": "the database holds all of the file's new trials or none of them",
            "recording import": "each recording's trials are stored all or none",
            "recording": "no file was written: the output is as it was"}
-WITH_CHILDREN = ("run", "tune-model", "worker", "recording")  # the commands that start child processes
+WITH_CHILDREN = ("run", "tune-model", "gpu-host", "worker", "recording")  # the commands that start child processes
 
 
 class Terminated(BaseException):

@@ -1,6 +1,6 @@
 """Tuning across hosts through Dask distributed.
 
-A GPU host runs `tune-cli worker --scheduler ADDRESS`: one Dask worker process holding the host's
+A GPU host runs `tune-cli gpu-host --scheduler ADDRESS`: one Dask worker process holding the host's
 GPU workers (one crash-isolated process per device, as `--devices` starts them) and its compile
 pool (`HostAgent`). `tune-cli run|tune-model --cluster ADDRESS` connects to the same scheduler and
 sees each host as one runner (`RemoteHost`) that measures as many candidates at once as the host

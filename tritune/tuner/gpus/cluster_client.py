@@ -180,7 +180,7 @@ def _hosts(cluster: _Cluster, address: str, wait_s: float) -> list[RemoteHost]:
         time.sleep(0.5)
     if not infos:
         raise ClusterError(f"no GPU host joined the scheduler at {address} within {wait_s:.0f} s; "
-                           f"start one there with `tune-cli worker --scheduler {address}`")
+                           f"start one there with `tune-cli gpu-host --scheduler {address}`")
     first = next(iter(infos.values()))
     mine = {op: device_key(first, op).key for op in ops()}  # what this process stores trials under
     hosts = []

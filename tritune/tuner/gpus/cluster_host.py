@@ -1,4 +1,4 @@
-"""The GPU host's side of a cluster (`tune-cli worker`): this host's GPU workers and compile pool
+"""The GPU host's side of a cluster (`tune-cli gpu-host`): this host's GPU workers and compile pool
 serve the candidates that tune-cli processes send through the Dask scheduler; nothing is stored
 here (see `tritune.tuner.gpus.cluster`)."""
 from __future__ import annotations
@@ -90,7 +90,7 @@ def on_host(method: str, *args: Any) -> tuple[str, Any]:
     """Run on a Dask worker: ("ok", what the host's agent answers), or ("lost", why) where the host
     has no GPU left or is no tritune worker (exceptions of ours do not cross the wire whole)."""
     if not _AGENT:
-        return "lost", "a Dask worker that is no tritune worker (start them with `tune-cli worker`)"
+        return "lost", "a Dask worker that is no tritune worker (start them with `tune-cli gpu-host`)"
     try:
         return "ok", getattr(_AGENT[0], method)(*args)
     except DeviceLost as exc:
@@ -99,7 +99,7 @@ def on_host(method: str, *args: Any) -> tuple[str, Any]:
 
 def serve(scheduler: str, start: Callable[[], tuple[Any, Builder]], name: str | None = None,
           announce: Callable[[str], None] = print) -> None:
-    """`tune-cli worker`: start this host's GPU workers and compile pool (`start`, e.g.
+    """`tune-cli gpu-host`: start this host's GPU workers and compile pool (`start`, e.g.
     `start_gpu`), join the scheduler, and serve tune-cli runs until stopped or the scheduler goes."""
     reachable(scheduler)  # before seconds of GPU start-up
     runner, builder = start()
@@ -112,7 +112,7 @@ def serve(scheduler: str, start: Callable[[], tuple[Any, Builder]], name: str | 
     _AGENT.append(agent)
     try:
         info = agent.info()
-        joined = (f"tune-cli worker {agent.name}: {info['gpu']} x{len(info['devices'])}, "
+        joined = (f"tune-cli gpu-host {agent.name}: {info['gpu']} x{len(info['devices'])}, "
                   f"{builder.workers} compile processes, serving {scheduler}")
         asyncio.run(_join(scheduler, agent.name, info["parallel"] + 2, lambda: announce(joined)))
     finally:

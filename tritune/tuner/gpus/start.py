@@ -39,7 +39,7 @@ class TuneOptions:
     prior: str = "all"  # what warm-starts the cost model: "all" (database + shipped), "db", "none"
     verbose: bool = False  # also print where the run's time went
     devices: tuple[int, ...] | str | None = None  # GPUs to measure on: indices, "all", or None (the first)
-    cluster: str | None = None  # a Dask scheduler's address: measure on its GPU hosts (`tune-cli worker`)
+    cluster: str | None = None  # a Dask scheduler's address: measure on its GPU hosts (`tune-cli gpu-host`)
     cluster_wait_s: float = 30.0  # how long to wait for a first GPU host to join the cluster
     per_gpu: int = 1  # workloads measured at once on each GPU (a worker each, taking turns on the GPU)
 
