@@ -13,10 +13,10 @@ __version__ = "0.1.0"
 
 # name -> (module, attribute; None for the module itself)
 _LAZY = {
-    "ops": ("tritune.kernels.frontend.ops", None),
+    "ops": ("tritune.kernels.backend.ops", None),
     "apply_history_best": ("tritune.records.dispatch", "apply_history_best"),
-    "extract_tasks": ("tritune.kernels.frontend.extract", "extract_tasks"),
-    "compiler": ("tritune.kernels.frontend.compiler", "compiler"),
+    "extract_tasks": ("tritune.kernels.backend.extract", "extract_tasks"),
+    "compiler": ("tritune.kernels.backend.compiler", "compiler"),
     "NoCudaDevice": ("tritune.kernels.device", "NoCudaDevice"),  # what ops raise for tensors off CUDA
 }
 

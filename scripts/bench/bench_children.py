@@ -62,7 +62,7 @@ def compile_variant(model, variant: str, db: str) -> tuple:
     import torch
 
     if variant == "reduce-overhead-early":
-        from tritune.kernels.frontend.compiler import inductor
+        from tritune.kernels.backend.compiler import inductor
 
         return torch.compile(model, backend=inductor("reduce-overhead", early=True), fullgraph=True), None
     if variant.startswith("route"):
@@ -82,7 +82,7 @@ def route_only(mode):
     """A backend taking tritune's route into Inductor and replacing nothing."""
     from torch._guards import detect_fake_mode
 
-    from tritune.kernels.frontend import compiler, graph
+    from tritune.kernels.backend import compiler, graph
 
     inner = compiler.inductor(mode)
 
@@ -228,7 +228,7 @@ def tuned_db(a, w, path: Path) -> Path:
     from tritune.kernels.contraction.launch import DEFAULT
     from tritune.kernels.device import device_info
     from tritune.kernels.family import device_key
-    from tritune.kernels.frontend.helpers import contraction_expr
+    from tritune.kernels.backend.helpers import contraction_expr
     from tritune.records.database import Database
     from tritune.records.result import MeasureResult, Status
 

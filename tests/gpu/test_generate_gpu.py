@@ -84,7 +84,7 @@ def test_generate_called_again_replays_its_capture_on_the_new_cache(tuned_db, mo
     from transformers import CompileConfig
 
     import tritune
-    from tritune.kernels.frontend import cuda_graphs
+    from tritune.kernels.backend import cuda_graphs
     from tritune.tuner.model.decode import cache_tensors, teacher_forced
 
     captures = []

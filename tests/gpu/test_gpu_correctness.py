@@ -75,9 +75,9 @@ def _route_id(knobs: dict, mode: str | None) -> str:
 def test_route(seed, knobs, mode):
     """The tuned op under torch.compile (Inductor launching the kernel, as the tritune backend
     configures it: static launches of tuned kernels), against float64."""
-    from tritune.kernels.frontend import tuned_op
-    from tritune.kernels.frontend.compiler import inductor
-    from tritune.kernels.frontend.helpers import contraction_expr
+    from tritune.kernels.backend import tuned_op
+    from tritune.kernels.backend.compiler import inductor
+    from tritune.kernels.backend.helpers import contraction_expr
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
     a, w = (torch.randn(s, generator=gen, device="cuda").half() for s in ((1000, 1576), (520, 1576)))
@@ -143,7 +143,7 @@ def test_frontend_launches_early_under_cuda_graphs(name, tmp_path, monkeypatch):
     the replayed graph (kernels overlapping their predecessors) against float64."""
     pytest.importorskip("transformers")
     import tritune
-    from tritune.kernels.frontend import sites
+    from tritune.kernels.backend import sites
     from tritune.tuner.model import zoo
     from tritune.tuner.model.load import build
 

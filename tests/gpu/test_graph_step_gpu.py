@@ -37,7 +37,7 @@ def test_outputs_held_past_two_calls_raise_and_clones_keep_them(tmp_path):
 
 
 def test_a_step_reads_weights_in_place_and_captures_on_weights_elsewhere():
-    from tritune.kernels.frontend.cuda_graphs import GraphStep
+    from tritune.kernels.backend.cuda_graphs import GraphStep
 
     def w_new():
         return torch.nn.Parameter(torch.randn(64, 32, device="cuda"), requires_grad=False)

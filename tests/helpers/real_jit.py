@@ -20,7 +20,7 @@ class H100:  # the driver Inductor asks for a target when it reads which tensors
 triton.runtime.driver.set_active(H100())
 from torch._subclasses.functional_tensor import dispatch_functionalize
 from torch.fx.experimental.proxy_tensor import make_fx
-from tritune.kernels.frontend import tuned_op
+from tritune.kernels.backend import tuned_op
 from tritune.schedules.config import Config
 """
 

@@ -19,7 +19,7 @@ def replay(expr, config):
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from tritune.kernels.frontend import sites, tuned_op
+    from tritune.kernels.backend import sites, tuned_op
 
     launched = []
 

@@ -17,9 +17,9 @@ from test_codegen_sm90 import build_sm90
 from tritune.kernels.attention.expr import Attention
 from tritune.kernels.device import device_info
 from tritune.kernels.family import device_key, family
-from tritune.kernels.frontend import graph, sites, tuned_op
-from tritune.kernels.frontend.attention_match import AttentionMatch
-from tritune.kernels.frontend.compiler import rewrite
+from tritune.kernels.backend import graph, sites, tuned_op
+from tritune.kernels.backend.attention_match import AttentionMatch
+from tritune.kernels.backend.compiler import rewrite
 from tritune.records.database import Database
 from tritune.records.result import MeasureResult, Status
 from tritune.schedules.config import Config

@@ -9,10 +9,10 @@ from torch import nn
 import real_jit
 import tritune
 from models import Awkward, awkward_inputs
-from tritune.kernels.frontend import ops, sites, tuned_op
+from tritune.kernels.backend import ops, sites, tuned_op
 from tritune.kernels.device import device_info
 from tritune.kernels.family import device_key
-from tritune.kernels.frontend.ops import contraction_expr
+from tritune.kernels.backend.ops import contraction_expr
 from tritune.records.database import Database
 from tritune.records.result import MeasureResult, Status
 from tritune.schedules.config import Config
@@ -201,8 +201,8 @@ for x, s in ((a, spec), (moved, spec), (a, unsplit)):
 
 # a model's graph rewritten by the backend: a gated pair, then a contraction with two extra inputs
 import torch.nn.functional as F
-from tritune.kernels.frontend import graph
-from tritune.kernels.frontend.compiler import rewrite
+from tritune.kernels.backend import graph
+from tritune.kernels.backend.compiler import rewrite
 
 
 def mlp(x, wg, wu, wd, rows):  # Llama's MLP, its residual, a scale per row (weights as AOT lifts them)
@@ -313,7 +313,7 @@ def test_inductor_is_asked_to_launch_tuned_kernels_as_its_own(monkeypatch):
     import torch._inductor.compile_fx as compile_fx
     import torch._inductor.config as config
 
-    from tritune.kernels.frontend.compiler import inductor
+    from tritune.kernels.backend.compiler import inductor
 
     seen = []
     monkeypatch.setattr(compile_fx, "compile_fx", lambda gm, xs, config_patches: seen.append(config_patches))
@@ -347,7 +347,7 @@ def test_inductor_launches_its_kernels_early_only_when_asked(monkeypatch):
 
     seen = []
     monkeypatch.setattr(compile_fx, "compile_fx", lambda gm, xs, config_patches: seen.append(config_patches))
-    from tritune.kernels.frontend.compiler import inductor
+    from tritune.kernels.backend.compiler import inductor
 
     inductor("reduce-overhead", early=True)(None, [])
     inductor("reduce-overhead")(None, [])
@@ -360,10 +360,10 @@ def test_a_torch_without_triton_op_leaves_every_graph_to_the_fallback(tmp_path, 
 
     model, x = nn.Linear(23, 19), torch.randn(17, 23)
     db = store(tmp_path / "t.db", [tritune.extract_tasks(model, (x,))[0].expr])
-    import tritune.kernels.frontend as frontend
+    import tritune.kernels.backend as package
 
-    monkeypatch.setitem(sys.modules, "tritune.kernels.frontend.tuned_op", None)  # import fails, as on old torch
-    monkeypatch.delattr(frontend, "tuned_op", raising=False)
+    monkeypatch.setitem(sys.modules, "tritune.kernels.backend.tuned_op", None)  # import fails, as on old torch
+    monkeypatch.delattr(package, "tuned_op", raising=False)
     backend = tritune.compiler(db, fallback="eager")
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger="tritune.compiler"):
         y = torch.compile(model, backend=backend)(x)

@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch._guards import detect_fake_mode
 
-from tritune.kernels.frontend.compiler import _fallback
-from tritune.kernels.frontend.constants import PREFIX, constants_traceable, fold_constants
-from tritune.kernels.frontend.graph import aten_graph
+from tritune.kernels.backend.compiler import _fallback
+from tritune.kernels.backend.constants import PREFIX, constants_traceable, fold_constants
+from tritune.kernels.backend.graph import aten_graph
 from tritune.tuner.model import zoo
 
 A = torch.ops.aten

@@ -9,7 +9,7 @@ from torch import nn
 import tritune
 from models import AWKWARD_TASKS, Awkward, Block, awkward_inputs
 from tritune.kernels.epilogue import BiasAdd, Binary, Gelu, Input, Scale
-from tritune.kernels.frontend.extract import ExtractError
+from tritune.kernels.backend.extract import ExtractError
 
 
 def summary(tasks):

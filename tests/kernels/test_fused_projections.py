@@ -14,8 +14,8 @@ from test_compiler import fresh_dynamo  # noqa: F401 - a fixture
 from test_generate import site_calls, store_every_task  # noqa: F401 - a fixture
 from test_norm_prologue import RMSNorm
 
-from tritune.kernels.frontend import graph, sites
-from tritune.kernels.frontend.attention_match import AttentionMatch
+from tritune.kernels.backend import graph, sites
+from tritune.kernels.backend.attention_match import AttentionMatch
 from tritune.kernels.gated import launch
 from tritune.kernels.gated.expr import Gated
 from tritune.kernels.gated.family import GATED

@@ -15,7 +15,7 @@ from models import Fusions, GatedMLP, Projections, fusions_inputs
 from tritune.kernels.device import device_info
 from tritune.kernels.epilogue import BiasAdd, Binary, Clamp, Input, Pow, Relu, Scale, Unary
 from tritune.kernels.family import device_key, family
-from tritune.kernels.frontend import graph, ops, tuned_op
+from tritune.kernels.backend import graph, ops, tuned_op
 from tritune.kernels.gated.expr import Gated
 from tritune.kernels.wide.expr import Wide
 from tritune.records.database import Database

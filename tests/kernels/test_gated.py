@@ -186,7 +186,7 @@ def test_the_new_kernels_build_for_sm90_with_warp_group_mmas():
 def test_the_replayed_op_loads_through_descriptors_where_the_operands_allow(monkeypatch):
     """torch.ops.tritune.gated with TMA=1: the kernel where rows are 16-byte aligned, torch ops
     (the same values) where x's rows are not."""
-    from tritune.kernels.frontend import sites, tuned_op
+    from tritune.kernels.backend import sites, tuned_op
 
     launched = []
     original = sites.wrap_triton

@@ -19,7 +19,7 @@ from test_compiler import fresh_dynamo, store, tuned_calls  # noqa: F401 - fixtu
 from test_graph_step import fake_cuda  # noqa: F401 - a fixture: CUDA graphs recorded and replayed on CPU
 from tritune.kernels.device import device_info
 from tritune.kernels.family import device_key, family
-from tritune.kernels.frontend import compiler as compiler_module
+from tritune.kernels.backend import compiler as compiler_module
 from tritune.records.database import Database
 from tritune.records.result import MeasureResult, Status
 from tritune.tuner.cli import cli
@@ -89,7 +89,7 @@ def test_a_compiler_survives_deepcopy_and_pickle_and_reopens_its_database(tmp_pa
 @pytest.fixture
 def site_calls(monkeypatch):
     """The description of every tuned kernel a compiled graph ran, in order."""
-    from tritune.kernels.frontend import sites
+    from tritune.kernels.backend import sites
 
     calls = []
     for kind in (sites.Site, sites.GatedSite, sites.WideSite, sites.AttentionSite):

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from test_compiler import store, tuned_calls  # noqa: F401 - fixtures
-from tritune.kernels.frontend import cuda_graphs
-from tritune.kernels.frontend.graph import aten_graph
-from tritune.kernels.frontend.cuda_graphs import GraphStep, capturable
+from tritune.kernels.backend import cuda_graphs
+from tritune.kernels.backend.graph import aten_graph
+from tritune.kernels.backend.cuda_graphs import GraphStep, capturable
 
 
 class FakeGraph:
@@ -297,7 +297,7 @@ def test_graphs_writing_a_non_static_input_stay_with_the_trees():
 def test_the_backend_replays_graphs_with_tuned_sites_from_one_cuda_graph(fake_cuda, monkeypatch, tmp_path,
                                                                           tuned_calls):
     import tritune
-    from tritune.kernels.frontend import compiler
+    from tritune.kernels.backend import compiler
 
     lowered = []
 
@@ -322,7 +322,7 @@ def test_the_backend_replays_graphs_with_tuned_sites_from_one_cuda_graph(fake_cu
 def test_through_torch_compile_outputs_are_handed_out_again_and_a_held_one_gets_a_second_graph(fake_cuda, poison, monkeypatch, tmp_path,
                                                                              tuned_calls):
     import tritune
-    from tritune.kernels.frontend import compiler
+    from tritune.kernels.backend import compiler
 
     from torch._inductor.cudagraph_trees import MarkStepBox
 

@@ -12,7 +12,7 @@ from test_compiler import fresh_dynamo  # noqa: F401 - a fixture
 from test_generate import store_every_task
 from test_norm_prologue import Normed, RMSNorm
 
-from tritune.kernels.frontend import graph, sites
+from tritune.kernels.backend import graph, sites
 from tritune.tuner.worker.candidate import rel_error
 
 SHAPES = [(3, 48), (3, 1, 48), (1, 3, 1, 48)]

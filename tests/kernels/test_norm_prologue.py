@@ -17,7 +17,7 @@ from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.epilogue import BiasAdd
 from tritune.kernels.expr import ExprError
 from tritune.kernels.family import expr_from_dict, family
-from tritune.kernels.frontend import graph
+from tritune.kernels.backend import graph
 from tritune.kernels.gated.expr import Gated
 from tritune.kernels.wide.expr import Wide
 from tritune.schedules.config import Config
@@ -90,14 +90,14 @@ class TwoProjections(nn.Module):
 
 
 def test_a_norm_with_another_reader_or_a_layernorm_before_a_group_or_over_many_rows_stays_a_kernel():
-    from tritune.kernels.frontend.norm_match import MAX_ROWS
+    from tritune.kernels.backend.norm_match import MAX_ROWS
 
     x = torch.randn(3, 1, 48)
     assert [s.norm for s in found(Normed(leak=True), x)] == [None]
     assert [s.norm for s in found(Normed(layer=True, leak=True), x)] == [None]
     assert [(s.expr.op, s.norm) for s in found(TwoProjections(), x)] == [("wide", None)]
     # a LayerNorm goes into a few rows' projections only, not an LM head's nor 5 rows'
-    from tritune.kernels.frontend.norm_match import LAYER_NORM_MAX_ROWS, LAYER_NORM_MAX_WIDTH
+    from tritune.kernels.backend.norm_match import LAYER_NORM_MAX_ROWS, LAYER_NORM_MAX_WIDTH
 
     assert [s.norm is None for s in found(Normed(layer=True, n=LAYER_NORM_MAX_WIDTH * 48), x)] == [False]
     assert [s.norm for s in found(Normed(layer=True, n=LAYER_NORM_MAX_WIDTH * 48 + 1), x)] == [None]

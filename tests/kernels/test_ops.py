@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import tritune
-from tritune.kernels.frontend import ops
+from tritune.kernels.backend import ops
 from tritune.kernels.device import device_info
 from tritune.kernels.family import device_key
 from tritune.kernels.contraction.expr import Matmul

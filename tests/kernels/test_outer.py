@@ -2,8 +2,8 @@
 values, one library call fewer; real contractions stay."""
 import torch
 
-from tritune.kernels.frontend.graph import aten_graph
-from tritune.kernels.frontend.outer import outer_products
+from tritune.kernels.backend.graph import aten_graph
+from tritune.kernels.backend.outer import outer_products
 
 A = torch.ops.aten
 

@@ -13,8 +13,8 @@ import real_jit
 from test_codegen_sm90 import build_sm90
 from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.contraction.launch import launch_options, pdl_constexprs
-from tritune.kernels.frontend import graph, sites, tuned_op
-from tritune.kernels.frontend.compiler import rewrite
+from tritune.kernels.backend import graph, sites, tuned_op
+from tritune.kernels.backend.compiler import rewrite
 from tritune.kernels.gated.expr import Gated
 from tritune.kernels.wide.expr import Wide
 from tritune.schedules.config import Config
@@ -178,7 +178,7 @@ def test_the_backend_launches_early_only_in_one_cuda_graph_and_when_let(monkeypa
     import tritune
     from tritune.kernels.device import device_info
     from tritune.kernels.family import device_key
-    from tritune.kernels.frontend import compiler
+    from tritune.kernels.backend import compiler
     from tritune.records.database import Database
     from tritune.records.result import MeasureResult, Status
 

@@ -13,9 +13,9 @@ from torch import nn
 import tritune
 from test_attention_site import CONFIG, Grouped, attention_calls, fresh_dynamo, rel, small, store  # noqa: F401
 
-from tritune.kernels.frontend import graph, tuned_op
-from tritune.kernels.frontend.attention_match import AttentionMatch
-from tritune.kernels.frontend.compiler import rewrite
+from tritune.kernels.backend import graph, tuned_op
+from tritune.kernels.backend.attention_match import AttentionMatch
+from tritune.kernels.backend.compiler import rewrite
 
 H = 64
 

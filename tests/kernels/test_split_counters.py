@@ -11,8 +11,8 @@ import torch
 from test_compiler import FAST, store, tuned_calls  # noqa: F401 - fixtures
 from test_graph_step import FakeGraph, Recorded, fake_cuda  # noqa: F401 - fixtures
 from test_pdl import _mlp_graph
-from tritune.kernels.frontend import cuda_graphs, graph, sites, tuned_op
-from tritune.kernels.frontend.compiler import rewrite
+from tritune.kernels.backend import cuda_graphs, graph, sites, tuned_op
+from tritune.kernels.backend.compiler import rewrite
 from tritune.schedules.config import Config
 
 TILE = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=1, num_warps=4, num_stages=3, UNROLL=1)
@@ -92,7 +92,7 @@ def test_a_capture_that_fails_leaves_no_plan(fake_cuda, monkeypatch):
 def test_the_backend_runs_split_sites_through_the_twin_in_one_cuda_graph(fake_cuda, monkeypatch, tmp_path,
                                                                           tuned_calls):
     import tritune
-    from tritune.kernels.frontend import compiler
+    from tritune.kernels.backend import compiler
 
     lowered, kept = [], []
     monkeypatch.setattr(compiler, "inductor",

@@ -170,7 +170,7 @@ def test_tune_cli_runs_wide_end_to_end(monkeypatch, tmp_path):
 def test_the_replayed_op_loads_through_descriptors_where_the_operands_allow(monkeypatch):
     """torch.ops.tritune.wide with TMA=1: the kernel where rows are 16-byte aligned, torch ops
     (the same values) where x's rows are not."""
-    from tritune.kernels.frontend import sites, tuned_op
+    from tritune.kernels.backend import sites, tuned_op
 
     launched = []
     original = sites.wrap_triton

@@ -9,7 +9,7 @@ import tritune
 
 ROOT = Path(tritune.__file__).parent
 SUBPACKAGES = ("schedules", "records", "kernels", "cost_model", "search", "tuner")
-# what each subpackage may import besides itself (kernels' frontend reads records for replay)
+# what each subpackage may import besides itself (kernels' backend reads records for replay)
 ALLOWED = {
     "schedules": set(),
     "records": {"schedules"},

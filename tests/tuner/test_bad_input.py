@@ -22,7 +22,7 @@ import tritune
 from test_cli import cli
 from test_compiler import FAST, fresh_dynamo, store  # noqa: F401 - fresh_dynamo: a fixture
 from tritune.kernels import device
-from tritune.kernels.frontend import compiler as compiler_module
+from tritune.kernels.backend import compiler as compiler_module
 from tritune.records.database import Database
 from tritune.records.result import DeviceKey, MeasureResult, Status
 from tritune.tuner.gpus import cluster

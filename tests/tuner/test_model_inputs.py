@@ -35,7 +35,7 @@ def test_inputs_that_do_not_fit_the_model_are_one_clear_error_and_no_log(capfd):
     import torch
 
     import tritune
-    from tritune.kernels.frontend.extract import ExtractError
+    from tritune.kernels.backend.extract import ExtractError
 
     with pytest.raises(ExtractError, match="could not capture the model: RuntimeError"):
         tritune.extract_tasks(torch.nn.Linear(8, 4), (torch.randn(3, 5),))

@@ -40,6 +40,7 @@ def _stand_in_gpu(monkeypatch, handlers_module="fake_gpu", handlers="handlers", 
     monkeypatch.setattr(start, "Builder", lambda *args, **kwargs: FakeBuilder())
 
 
+@pytest.mark.system  # GPU worker processes for every worker of every device
 @pytest.mark.parametrize("devices, per_gpu, expected", [("all", 2, [0, 1, 0, 1]), (None, 3, [None, 0, 0])])
 def test_each_gpu_gets_per_gpu_workers_that_share_its_lock(monkeypatch, devices, per_gpu, expected):
     _stand_in_gpu(monkeypatch, devices="2")
@@ -108,6 +109,7 @@ def _convs():
             for s in ("8,28,28,64,64,3,3", "8,14,14,64,64,3,3", "4,14,14,32,64,3,3")]
 
 
+@pytest.mark.system  # a tuning run over stand-in GPU worker processes
 def test_a_models_workloads_two_at_once_on_one_gpu(monkeypatch, tmp_path):
     _stand_in_gpu(monkeypatch)
     monkeypatch.setenv("FAKE_GPU_MS", "20")

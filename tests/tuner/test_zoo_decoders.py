@@ -7,7 +7,7 @@ from torch import nn
 
 from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.epilogue import BiasAdd, Binary, Gelu, Input
-from tritune.kernels.frontend import graph
+from tritune.kernels.backend import graph
 from tritune.kernels.gated.expr import Gated
 from tritune.kernels.wide.expr import Wide
 from tritune.tuner.model import zoo

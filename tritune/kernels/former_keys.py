@@ -24,7 +24,7 @@ FORMER: dict[str, dict[str, str]] = {
     "wide": {"4c79e208893eb38b": "9bcac5b7a3a87b1a"},
     "attention": {"147e70b24097f6d0": "951de0490466dcd1"},
 }
-# the op whose device key a compiled graph's verdicts are stored under (frontend.compiler)
+# the op whose device key a compiled graph's verdicts are stored under (backend.compiler)
 GRAPH_OP = "matmul"
 
 

@@ -101,7 +101,7 @@ def load(spec: str, input_shapes: Sequence[str], dtype: str, device: str, weight
 
 def model_tasks(spec: str, input_shapes: Sequence[str], dtype: str, device: str | None = None) -> list:
     """Load, build and capture a model: its tasks (ModelError for anything the user can fix)."""
-    from tritune.kernels.frontend.extract import extract_tasks
+    from tritune.kernels.backend.extract import extract_tasks
 
     model, inputs = build(load_factory(spec), parse_shapes(input_shapes), dtype, device or default_device())
     return captured_tasks(lambda: extract_tasks(model, inputs))
@@ -116,7 +116,7 @@ def default_device() -> str:
 
 def captured_tasks(extract: Callable[[], list]) -> list:
     """`extract()`'s tasks, torch's fake-tensor log quiet, what the user can fix a ModelError."""
-    from tritune.kernels.frontend.extract import ExtractError
+    from tritune.kernels.backend.extract import ExtractError
 
     try:
         tasks = extract()

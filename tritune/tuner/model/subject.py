@@ -38,7 +38,7 @@ def subject_tasks(spec: str, input_shapes: Sequence[str], dtype: str, device: st
     torch.compile captures it; uninitialised weights, nothing of the model computed)."""
     if decode is None:
         return model_tasks(spec, input_shapes, dtype, device)
-    from tritune.kernels.frontend.extract import extract_call_tasks
+    from tritune.kernels.backend.extract import extract_call_tasks
 
     step = decode_step(spec, DecodeShape.parse(decode), dtype, device or default_device(), "empty")
     return captured_tasks(lambda: extract_call_tasks(step.model.__call__, step.kwargs))

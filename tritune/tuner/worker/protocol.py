@@ -2,7 +2,7 @@
 anything that measures candidates. Implemented by the local GPU worker (`local.LocalRunner`),
 several of them as one (`local.Runners`), a cluster's GPU host (`gpus.cluster_client.RemoteHost`),
 the recorded runner that replays stored timings (`tuner.recordings.RecordedRunner`) and the tests'
-stand-ins; `tests/test_runner_protocol.py` holds each of them to it."""
+stand-ins; `tests/tuner/test_runner_protocol.py` holds each of them to it."""
 from __future__ import annotations
 
 from typing import Any, Callable, Protocol, runtime_checkable

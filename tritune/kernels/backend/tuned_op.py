@@ -45,9 +45,9 @@ from torch.library import triton_op
 from tritune.kernels.attention.expr import Attention
 from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.device import interpreted
-from tritune.kernels.frontend import graph, rewrites
-from tritune.kernels.frontend.norm_match import without_norm
-from tritune.kernels.frontend.sites import AttentionSite, GatedSite, Site, WideSite, _launch_pdl
+from tritune.kernels.backend import graph, rewrites
+from tritune.kernels.backend.norm_match import without_norm
+from tritune.kernels.backend.sites import AttentionSite, GatedSite, Site, WideSite, _launch_pdl
 from tritune.kernels.gated.expr import Gated
 from tritune.kernels.wide.expr import Wide
 from tritune.schedules.config import Config

@@ -23,13 +23,13 @@ import torch.fx as fx
 from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.epilogue import BiasAdd, Binary, Gelu, Scale, Unary
 from tritune.kernels.expr import ExprError
-from tritune.kernels.frontend import attention_match
-from tritune.kernels.frontend.attention_match import AttentionMatch
-from tritune.kernels.frontend.epilogue_match import (ALIASES, MAX_NODES, VIEWS, Scope, follow, is_view_of, static,
+from tritune.kernels.backend import attention_match
+from tritune.kernels.backend.attention_match import AttentionMatch
+from tritune.kernels.backend.epilogue_match import (ALIASES, MAX_NODES, VIEWS, Scope, follow, is_view_of, static,
                                                      val, written)
-from tritune.kernels.frontend.helpers import DTYPE_NAMES, contraction_expr, layout_of
-from tritune.kernels.frontend.norm_match import Norm, viewed, with_norm
-from tritune.kernels.frontend.split_match import column_readers, columns
+from tritune.kernels.backend.helpers import DTYPE_NAMES, contraction_expr, layout_of
+from tritune.kernels.backend.norm_match import Norm, viewed, with_norm
+from tritune.kernels.backend.split_match import column_readers, columns
 from tritune.kernels.gated.expr import Gated
 from tritune.kernels.wide.expr import MAX_WEIGHTS, Wide
 

@@ -31,11 +31,11 @@ import torch.fx as fx
 from tritune.errors import first_line
 from tritune.kernels.device import device_info, interpreted
 from tritune.kernels.family import device_key
-from tritune.kernels.frontend import graph
-from tritune.kernels.frontend.constants import constants_traceable, fold_constants
-from tritune.kernels.frontend.cuda_graphs import GraphStep, capturable
-from tritune.kernels.frontend.outer import outer_products
-from tritune.kernels.frontend.rewrites import GraphEdit
+from tritune.kernels.backend import graph
+from tritune.kernels.backend.constants import constants_traceable, fold_constants
+from tritune.kernels.backend.cuda_graphs import GraphStep, capturable
+from tritune.kernels.backend.outer import outer_products
+from tritune.kernels.backend.rewrites import GraphEdit
 from tritune.records import dispatch
 
 log = logging.getLogger("tritune.compiler")
@@ -240,7 +240,7 @@ class Backend:
     @staticmethod
     def _spec(m: Matched, config: Any) -> str:
         """The tuned op's spec of a site, '' if its kernel source cannot be generated (logged)."""
-        from tritune.kernels.frontend import tuned_op
+        from tritune.kernels.backend import tuned_op
 
         spec = tuned_op.spec_of(m.expr, config)
         try:
@@ -258,7 +258,7 @@ class Backend:
 def _resolve(history: Any, site: Matched, info: dict) -> list[tuple[Matched, str, Any]]:
     """(site, kind, best config) of a site: 'tuned' (a tritune kernel won), 'library' or 'miss';
     where a gated pair's or wide group's kernel does not run, also its contractions that have records."""
-    from tritune.kernels.frontend import tuned_op  # its import needs a torch that defines triton ops
+    from tritune.kernels.backend import tuned_op  # its import needs a torch that defines triton ops
 
     def kind(expr: Any) -> tuple[str, Any]:
         config = None if history is None else history.best(expr.key, device_key(info, expr.op))
@@ -279,7 +279,7 @@ def rewrite(gm: fx.GraphModule, hits: list[tuple[Matched, str]], captured: bool 
     a decoder's causal mask). `captured`: the graph is replayed from one CUDA graph, where split
     sites, and sites that launch early (PDL) where `early` lets them, call their op's opaque twin
     (`tuned_op.SiteKind.op_for`)."""
-    from tritune.kernels.frontend import tuned_op  # its import needs a torch that defines triton ops
+    from tritune.kernels.backend import tuned_op  # its import needs a torch that defines triton ops
 
     edit = GraphEdit(gm.graph)
     for m, spec in hits:
@@ -319,7 +319,7 @@ def _keep_input_facts(traced: fx.GraphModule, aten: fx.GraphModule) -> None:
 def _unsupported(example_inputs: Sequence[Any]) -> str:
     """Why a graph cannot be rewritten ('' when it can)."""
     try:
-        importlib.import_module("tritune.kernels.frontend.tuned_op")  # needs torch.library.triton_op (torch >= 2.6)
+        importlib.import_module("tritune.kernels.backend.tuned_op")  # needs torch.library.triton_op (torch >= 2.6)
     except ImportError as exc:
         return f"this torch cannot define the replay op ({first_line(exc)})"
     if any(isinstance(x, torch.SymInt) for x in example_inputs):

@@ -22,7 +22,7 @@ import torch.fx as fx
 
 from tritune.kernels.epilogue import BiasAdd, Binary, Clamp, Epilogue, Input, Pow, Scale
 from tritune.kernels.expr import ExprError
-from tritune.kernels.frontend.helpers import DTYPE_NAMES
+from tritune.kernels.backend.helpers import DTYPE_NAMES
 from tritune.kernels.pointwise import binary, unary
 
 A = torch.ops.aten

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from tritune.kernels.frontend.epilogue_match import static, val
+from tritune.kernels.backend.epilogue_match import static, val
 
 A = torch.ops.aten
 VIEWS = (A.view.default, A._unsafe_view.default, A.reshape.default)

@@ -1,4 +1,4 @@
-"""What the frontend's parts share about torch tensors (real or fake): dtype names, operand layouts,
+"""What the backend's parts share about torch tensors (real or fake): dtype names, operand layouts,
 the Matmul a contraction computes, and whether an epilogue's extra inputs fit it. The eager ops, the
 graph matcher and the compiled replay ops all read tensors this one way."""
 from __future__ import annotations

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from tritune.kernels.frontend.epilogue_match import static, val
-from tritune.kernels.frontend.rotary_match import shape4
+from tritune.kernels.backend.epilogue_match import static, val
+from tritune.kernels.backend.rotary_match import shape4
 
 A = torch.ops.aten
 # ops that move, broadcast or cast a value without changing which element holds what

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from tritune.kernels.frontend.epilogue_match import val
+from tritune.kernels.backend.epilogue_match import val
 
 A = torch.ops.aten
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from tritune.kernels.frontend import graph
+from tritune.kernels.backend import graph
 
 
 class GraphEdit:

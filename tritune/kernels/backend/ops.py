@@ -23,7 +23,7 @@ from tritune.kernels.epilogue import BiasAdd, Epilogue
 from tritune.kernels.expr import ExprError
 # the shared helpers and history_of (homes: helpers.py, records/dispatch.py) are kept importable
 # from here for one release: scripts and users import ops.DTYPE_NAMES and ops.contraction_expr
-from tritune.kernels.frontend.helpers import DTYPE_NAMES, contraction_expr, input_problem, layout_of  # noqa: F401
+from tritune.kernels.backend.helpers import DTYPE_NAMES, contraction_expr, input_problem, layout_of  # noqa: F401
 from tritune.records import dispatch
 from tritune.records.dispatch import history_of
 from tritune.schedules.config import Config

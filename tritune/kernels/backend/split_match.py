@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from tritune.kernels.frontend.epilogue_match import MAX_NODES, VIEWS, static, val
+from tritune.kernels.backend.epilogue_match import MAX_NODES, VIEWS, static, val
 
 A = torch.ops.aten
 SPLITS = (A.split.Tensor, A.split_with_sizes.default)

@@ -27,10 +27,10 @@ import torch.fx as fx
 from tritune.kernels.attention.expr import MASK_DIMS, OUT_DIMS, Attention
 from tritune.kernels.attention.launch import dense_strides
 from tritune.kernels.expr import ExprError
-from tritune.kernels.frontend.epilogue_match import static, val
-from tritune.kernels.frontend.helpers import DTYPE_NAMES
-from tritune.kernels.frontend.rope_angles import FREQ_TYPES, POSITION_TYPES, angles
-from tritune.kernels.frontend.rotary_match import (VIEWS, Rotary, repeated, rotary, same_for_rows, table_dims,
+from tritune.kernels.backend.epilogue_match import static, val
+from tritune.kernels.backend.helpers import DTYPE_NAMES
+from tritune.kernels.backend.rope_angles import FREQ_TYPES, POSITION_TYPES, angles
+from tritune.kernels.backend.rotary_match import (VIEWS, Rotary, repeated, rotary, same_for_rows, table_dims,
                                                    table_fits)
 
 A = torch.ops.aten

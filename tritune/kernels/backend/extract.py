@@ -55,7 +55,7 @@ def extract_tasks(model: Any, example_inputs: Any, *, allow_tf32: bool | None = 
     """
     import torch
 
-    from tritune.kernels.frontend import graph
+    from tritune.kernels.backend import graph
 
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     if allow_tf32 is None:
@@ -81,7 +81,7 @@ def extract_call_tasks(fn: Any, kwargs: dict, *, allow_tf32: bool | None = None)
     import torch
     from torch._guards import detect_fake_mode
 
-    from tritune.kernels.frontend import graph
+    from tritune.kernels.backend import graph
 
     tf32 = graph.tf32_allowed() if allow_tf32 is None else allow_tf32
     matches: list = []

@@ -50,8 +50,8 @@ import torch
 import torch.fx as fx
 
 from tritune.errors import first_line
-from tritune.kernels.frontend.epilogue_match import written
-from tritune.kernels.frontend.sites import counters_counted, counters_from
+from tritune.kernels.backend.epilogue_match import written
+from tritune.kernels.backend.sites import counters_counted, counters_from
 
 log = logging.getLogger("tritune.compiler")
 WARM_CALLS = 2  # calls run before the capture: Inductor's first calls may compile and autotune

@@ -29,8 +29,8 @@ import torch.fx as fx
 
 from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.expr import ExprError
-from tritune.kernels.frontend.epilogue_match import ALIASES, MAX_NODES, VIEWS, static, val
-from tritune.kernels.frontend.helpers import DTYPE_NAMES
+from tritune.kernels.backend.epilogue_match import ALIASES, MAX_NODES, VIEWS, static, val
+from tritune.kernels.backend.helpers import DTYPE_NAMES
 from tritune.schedules.contraction import GEMV_MAX_ROWS
 
 A = torch.ops.aten

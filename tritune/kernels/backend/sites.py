@@ -29,8 +29,8 @@ from tritune.kernels.contraction import launch
 from tritune.kernels.contraction.expr import Matmul
 from tritune.kernels.contraction.family import MATMUL
 from tritune.kernels.device import current_sms
-from tritune.kernels.frontend import attention_match
-from tritune.kernels.frontend.helpers import DTYPE_NAMES, input_problem, layout_of
+from tritune.kernels.backend import attention_match
+from tritune.kernels.backend.helpers import DTYPE_NAMES, input_problem, layout_of
 from tritune.kernels.gated import launch as gated_launch
 from tritune.kernels.gated.family import GATED
 from tritune.kernels.norm import tensors

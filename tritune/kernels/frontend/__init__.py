@@ -1,1 +1,0 @@
-"""The PyTorch frontend: call-time replay (ops), graph matching, task extraction, the torch.compile backend."""
