@@ -1,5 +1,5 @@
 """tune-cli: `run` (tune one workload), `tune-model` (every workload of a model, then the whole
-model checked), `worker` (a GPU host of a cluster), `best`, `export`, `import`, `report`, and
+model checked), `gpu-host` (a GPU host of a cluster), `best`, `export`, `import`, `report`, and
 `recording` and `carry-over` (their own modules). Bad input gets one line on stderr and exit code
 2; no GPU, exit code 3."""
 from __future__ import annotations
@@ -24,7 +24,8 @@ from tritune.search import REGISTRY
 from tritune.settings import SETTINGS
 from tritune.tuner import breakdown
 from tritune.tuner.cli import inputs, paths, stops
-from tritune.tuner.cli.inputs import EXIT_NO_GPU, EXIT_USAGE, Finite, UsageError, cluster_options, make_expr
+from tritune.tuner.cli.inputs import (EXIT_NO_GPU, EXIT_USAGE, Finite, UsageError, cluster_options,
+                                      compile_workers_option, make_expr)
 from tritune.tuner.cli.paths import db_option, open_db
 from tritune.tuner.cli.carry import carry_over
 from tritune.tuner.cli.recording import recording
@@ -113,8 +114,7 @@ def cli() -> None:
 @click.option("--batch-size", default=32, show_default=True, type=click.IntRange(1), help="candidates per round")
 @click.option("--early-stop", default=None, type=click.IntRange(1), help="stop after this many trials without a new best")
 @click.option("--timeout", default=30.0, show_default=True, type=Finite(1), help="seconds before a candidate counts as hung")
-@click.option("--compile-workers", "--workers", "workers", default=None, type=click.IntRange(1),
-              help="compile processes [default: one per core]")
+@compile_workers_option
 @click.option("--devices", default=None, help="GPUs to measure on, e.g. 0,1 or all (one worker each) [default: the first]")
 @cluster_options
 @click.option("--summary-json", default=None, type=click.Path(dir_okay=False), callback=paths.output_file,
@@ -242,8 +242,7 @@ def _no_check(asked: bool) -> list[dict]:
 @click.option("--devices", default="all", show_default=True, help="this host's GPUs to measure on, e.g. 0,1 or all")
 @click.option("--name", default=None, help="this host's name in the cluster and in the records [default: hostname]")
 @click.option("--timeout", default=30.0, show_default=True, type=Finite(1), help="seconds before a candidate counts as hung")
-@click.option("--compile-workers", "--workers", "workers", default=None, type=click.IntRange(1),
-              help="compile processes [default: one per core]")
+@compile_workers_option
 def gpu_host(scheduler, devices, name, timeout, workers) -> None:
     """Measure for tune-cli runs on a cluster: this host's GPUs and compile pool, until stopped."""
     from functools import partial

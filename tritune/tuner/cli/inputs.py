@@ -77,6 +77,11 @@ def known_strategy(strategy: str) -> str:
     return strategy
 
 
+# the compile pool's size, for the commands that compile candidates (`--workers`: its former name)
+compile_workers_option = click.option("--compile-workers", "--workers", "workers", default=None, type=click.IntRange(1),
+                                      help="compile processes [default: one per core]")
+
+
 def cluster_options(command: Any) -> Any:
     """`--cluster ADDRESS` and `--cluster-wait S`, for the commands that tune."""
     command = click.option("--cluster-wait", default=30.0, show_default=True, type=Finite(0),

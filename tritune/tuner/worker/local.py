@@ -22,7 +22,7 @@ from tritune.tuner.breakdown import Stopwatch, process_age_s
 from tritune.tuner.worker.failures import classify
 from tritune.tuner.worker.lifeline import bind_to_parent, leave, start_lasting
 from tritune.tuner.timing import Timing
-from tritune.tuner.worker.protocol import OneRunner
+from tritune.tuner.worker.protocol import OneRunner, distinct_gpus
 
 STARTUP_TIMEOUT_S = 120.0
 # requests that run timed work on the GPU: one at a time per device, whichever worker asks (a
@@ -401,7 +401,7 @@ class Runners:
     @property
     def gpus(self) -> int:
         """GPUs the group measures on, each once (lost ones too: the measurer counts the live ones itself)."""
-        return sum({r.name: r.gpus for r in self.each}.values())
+        return distinct_gpus(self.each, lost=True)
 
     @property
     def lost(self) -> bool:

@@ -56,10 +56,11 @@ class Runner(Protocol):
         """Stop: after the work in hand, or at once (`now`: the run was interrupted)."""
 
 
-def distinct_gpus(runners: Any) -> int:
-    """GPUs that the runners not lost measure on, each counted once: runners that answer to one
-    name share its devices (several workloads' workers on one GPU, `tune-model --per-gpu`)."""
-    return sum({r.name: r.gpus for r in runners if not r.lost}.values())
+def distinct_gpus(runners: Any, lost: bool = False) -> int:
+    """GPUs that the runners not lost (or all of them, `lost`) measure on, each counted once:
+    runners that answer to one name share its devices (several workloads' workers on one GPU,
+    `tune-model --per-gpu`)."""
+    return sum({r.name: r.gpus for r in runners if lost or not r.lost}.values())
 
 
 class OneRunner:
