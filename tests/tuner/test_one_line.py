@@ -142,6 +142,28 @@ def test_a_stop_says_what_is_true_of_the_command_stopped(tmp_path, capsys, monke
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("how, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stop_turned_into_another_error_on_its_way_up_is_still_a_stop(tmp_path, capsys, monkeypatch, how, code):
+    # a C extension running Python code (matplotlib drawing a report's plots) reports the stop's
+    # exception raised inside it as an error of its own
+    def stopped_inside_c(*args, **kwargs):
+        try:
+            signal.raise_signal(how)
+        except BaseException:
+            raise ValueError("Invalid bounding box") from None
+
+    monkeypatch.setattr(Database, "best_rows", stopped_inside_c)
+    got, _, err = cli(capsys, "best", "--db", str(store(tmp_path / "t.db")))
+    name = "terminated (SIGTERM)" if how == signal.SIGTERM else "interrupted (SIGINT)"
+    assert got == code and one_line(err) == f"tune-cli: {name}; nothing was written"
+
+
+def test_an_error_without_a_stop_is_not_called_one(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(Database, "best_rows", lambda *args, **kwargs: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        cli(capsys, "best", "--db", str(store(tmp_path / "t.db")))
+
+
 def sigint_state(pid: int) -> tuple[bool, bool] | None:
     """Whether a process catches SIGINT and whether it ignores it (None once it is gone)."""
     try:

@@ -345,19 +345,20 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI, turning usage errors into one line and exit code 2. SIGINT and
     SIGTERM stop a command at once (a run's measured trials are already stored; the children are
     stopped on the way out) with exit codes 130 and 143 and a line that says what was kept."""
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     argv = sys.argv[1:] if argv is None else argv
+    stops.received.clear()
     try:
         signal.signal(signal.SIGTERM, stops.terminate)
+        if previous[signal.SIGINT] is signal.default_int_handler:  # not where the caller ignores it
+            signal.signal(signal.SIGINT, stops.interrupt)
         stops.quiet_children(argv)
         warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION.*")
         cli.main(args=argv, prog_name="tune-cli", standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt):
-        click.echo(f"tune-cli: interrupted (SIGINT){stops.kept(argv)}", err=True)
-        sys.exit(EXIT_SIGINT)
+        _stopped(argv, "SIGINT")
     except Terminated:
-        click.echo(f"tune-cli: terminated (SIGTERM){stops.kept(argv)}", err=True)
-        sys.exit(EXIT_SIGTERM)
+        _stopped(argv, "SIGTERM")
     except DatabaseError as exc:  # a write refused mid-run: a full disk, a read-only file
         click.echo(f"tune-cli: {exc}; the run stopped, the trials stored before are kept", err=True)
         sys.exit(EXIT_USAGE)
@@ -366,8 +367,20 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_USAGE)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except Exception:
+        if not stops.received:
+            raise
+        _stopped(argv, stops.received[0])  # the stop came back as another error (see `stops.received`)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stopped(argv: list[str], how: str) -> None:
+    """A command stopped by SIGINT or SIGTERM: one line saying what was kept, and the exit code."""
+    said = "interrupted" if how == "SIGINT" else "terminated"
+    click.echo(f"tune-cli: {said} ({how}){stops.kept(argv)}", err=True)
+    sys.exit(EXIT_SIGINT if how == "SIGINT" else EXIT_SIGTERM)
 
 
 cli.add_command(recording)

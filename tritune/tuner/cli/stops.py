@@ -21,9 +21,22 @@ class Terminated(BaseException):
     """SIGTERM (timeout, systemd, Kubernetes, Slurm): stop as Ctrl-C stops."""
 
 
+# the stops signalled to this command, in order. A stop's exception can be turned into another on
+# its way up: a C extension that runs Python code (matplotlib drawing) reports the exception raised
+# inside it as its own error ("ValueError: Invalid bounding box"); the command was still stopped.
+received: list[str] = []
+
+
 def terminate(signum: int, frame: Any) -> None:
     """The SIGTERM handler."""
+    received.append("SIGTERM")
     raise Terminated()
+
+
+def interrupt(signum: int, frame: Any) -> None:
+    """The SIGINT handler: Python's own, remembered."""
+    received.append("SIGINT")
+    signal.default_int_handler(signum, frame)
 
 
 def _command(argv: list[str]) -> list[str]:
