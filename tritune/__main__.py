@@ -9,6 +9,7 @@ def main() -> None:
         from tritune.tuner.cli import main as cli
     except KeyboardInterrupt:
         sys.stderr.write("tune-cli: interrupted (SIGINT)\n")
+        exec("None")  # noqa: S102 - else CPython may end by SIGINT, not 130 (see cli.stops.end)
         raise SystemExit(130) from None
     cli()
 

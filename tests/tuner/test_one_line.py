@@ -218,3 +218,16 @@ def test_ctrl_c_while_the_children_start_is_one_line(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, err
     assert one_line(err) == "tune-cli: interrupted (SIGINT); every measured trial is stored, a rerun resumes"
+
+
+@pytest.mark.parametrize("how, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_stop_caught_from_a_string_run_by_exec_exits_with_its_code(tmp_path, how, code):
+    # CPython (under `python -m`) ends by SIGINT instead, once a KeyboardInterrupt has left an
+    # exec() of a string, even a caught one; a Ctrl-C while dataclasses are built lands there
+    (tmp_path / "stopped_in_exec.py").write_text(
+        "from tritune.tuner.cli import stops\n"
+        "try:\n    exec('raise KeyboardInterrupt')\nexcept KeyboardInterrupt:\n"
+        f"    stops.end({how!r})\n")
+    proc = subprocess.run([sys.executable, "-m", "stopped_in_exec"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == code, proc.stderr

@@ -29,7 +29,7 @@ from tritune.tuner.cli.inputs import (EXIT_NO_GPU, EXIT_USAGE, Finite, UsageErro
 from tritune.tuner.cli.paths import db_option, open_db
 from tritune.tuner.cli.carry import carry_over
 from tritune.tuner.cli.recording import recording
-from tritune.tuner.cli.stops import EXIT_SIGINT, EXIT_SIGTERM, Terminated
+from tritune.tuner.cli.stops import Terminated
 
 
 
@@ -380,7 +380,7 @@ def _stopped(argv: list[str], how: str) -> None:
     """A command stopped by SIGINT or SIGTERM: one line saying what was kept, and the exit code."""
     said = "interrupted" if how == "SIGINT" else "terminated"
     click.echo(f"tune-cli: {said} ({how}){stops.kept(argv)}", err=True)
-    sys.exit(EXIT_SIGINT if how == "SIGINT" else EXIT_SIGTERM)
+    stops.end(how)
 
 
 cli.add_command(recording)

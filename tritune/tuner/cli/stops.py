@@ -3,7 +3,8 @@ and child processes that stay quiet when a terminal's Ctrl-C reaches them too.""
 from __future__ import annotations
 
 import signal
-from typing import Any
+import sys
+from typing import Any, NoReturn
 
 EXIT_SIGINT, EXIT_SIGTERM = 130, 143  # 128 + the signal, as shells report them
 STORED = "every measured trial is stored, a rerun resumes"
@@ -37,6 +38,16 @@ def interrupt(signum: int, frame: Any) -> None:
     """The SIGINT handler: Python's own, remembered."""
     received.append("SIGINT")
     signal.default_int_handler(signum, frame)
+
+
+def end(how: str) -> NoReturn:
+    """Exit with the status of the stop `how` ("SIGINT": 130, "SIGTERM": 143). CPython marks the
+    interpreter to end by SIGINT itself, whatever status it is asked for (under `python -m`), once a
+    KeyboardInterrupt has left code run by exec() or eval() of a string, caught or not: dataclasses
+    and namedtuples build their methods so, and a Ctrl-C while the CLI is imported lands there.
+    Running a string clears the mark."""
+    exec("None")  # noqa: S102 - clears the mark (see above)
+    sys.exit(EXIT_SIGINT if how == "SIGINT" else EXIT_SIGTERM)
 
 
 def _command(argv: list[str]) -> list[str]:
