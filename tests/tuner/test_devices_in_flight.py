@@ -13,7 +13,7 @@ from tritune.tuner.breakdown import Stopwatch
 from tritune.tuner.builder import Builder, BuildResult, PoolShares
 from tritune.tuner.measurer import Measurer
 from tritune.tuner.tuner import LAG_SHARE, QUEUED_PER_LANE, in_flight_target
-from tritune.tuner.worker.local import Runners
+from tritune.tuner.worker.runners import Runners
 from test_in_flight import ROUND, HeldBuilder, loop_waits, start, stored_results
 from test_tuner import EXPR, TASK
 

@@ -16,7 +16,8 @@ from tritune.schedules.config import Config
 from tritune.search import make_strategy
 from tritune.tuner import run as tuning
 from tritune.tuner.gpus.start import TuneOptions
-from tritune.tuner.worker.local import LocalRunner, Runners
+from tritune.tuner.worker.local import LocalRunner
+from tritune.tuner.worker.runners import Runners
 
 EXPR = Matmul(256, 256, 256)
 MM = Config.of(library="mm")

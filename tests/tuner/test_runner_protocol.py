@@ -9,7 +9,8 @@ from fakes import FakeRunner
 from tritune.tuner.gpus.cluster_client import RemoteHost
 from tritune.tuner.breakdown import Stopwatch
 from tritune.tuner.recordings import BUNDLED, RecordedRunner, Recording
-from tritune.tuner.worker.local import LocalRunner, Runners
+from tritune.tuner.worker.local import LocalRunner
+from tritune.tuner.worker.runners import Runners
 from tritune.tuner.worker.protocol import Runner
 
 CALLED = ("device_info", "measure", "head_to_head", "listen", "unlisten", "close")

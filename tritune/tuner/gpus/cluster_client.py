@@ -15,7 +15,8 @@ from tritune.tuner.breakdown import Stopwatch
 from tritune.tuner.builder import Builder, BuildResult
 from tritune.tuner.gpus.cluster import CONNECT_TIMEOUT_S, HANDSHAKE_S, ClusterError, reachable
 from tritune.tuner.gpus.cluster_host import on_host
-from tritune.tuner.worker.local import DeviceLost, Runners
+from tritune.tuner.worker.local import DeviceLost
+from tritune.tuner.worker.runners import Runners
 from tritune.tuner.worker.protocol import OneRunner
 
 # hosts left out of a run (another GPU model or versions): without a handler, Python's last-resort

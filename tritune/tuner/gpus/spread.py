@@ -16,7 +16,8 @@ from collections import deque
 from typing import Any, Callable, Sequence
 
 from tritune.records.result import Status
-from tritune.tuner.worker.local import DeviceLost, Runners
+from tritune.tuner.worker.local import DeviceLost
+from tritune.tuner.worker.runners import Runners
 
 
 def spread(run: Callable[[int, Runners], Any], sizes: Sequence[float], runners: Sequence[Any]) -> list[Any]:

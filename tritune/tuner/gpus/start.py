@@ -20,7 +20,8 @@ from tritune.tuner.builder import Builder
 from tritune.tuner.prior import preload
 from tritune.tuner.task import device_limits, device_target
 from tritune.tuner.timing import Timing
-from tritune.tuner.worker.local import LocalRunner, Runners, WorkerDied
+from tritune.tuner.worker.local import LocalRunner, WorkerDied
+from tritune.tuner.worker.runners import Runners
 from tritune.tuner.worker.protocol import Runner
 
 

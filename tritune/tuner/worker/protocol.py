@@ -1,6 +1,6 @@
 """The runner contract: what the tuning loop, the measurer, spreading across GPUs and the run ask of
 anything that measures candidates. Implemented by the local GPU worker (`local.LocalRunner`),
-several of them as one (`local.Runners`), a cluster's GPU host (`gpus.cluster_client.RemoteHost`),
+several of them as one (`runners.Runners`), a cluster's GPU host (`gpus.cluster_client.RemoteHost`),
 the recorded runner that replays stored timings (`tuner.recordings.RecordedRunner`) and the tests'
 stand-ins; `tests/tuner/test_runner_protocol.py` holds each of them to it."""
 from __future__ import annotations
