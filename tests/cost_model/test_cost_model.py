@@ -67,3 +67,17 @@ def test_groups_keep_workloads_apart_and_bad_objective_is_refused():
     assert spearmanr(model.predict(X), y)[0] > 0.85
     with pytest.raises(ValueError):
         XGBCostModel(objective="magic")
+
+
+def _threads(model: XGBCostModel) -> int:
+    """The threads the model's booster predicts with."""
+    import json
+
+    return int(json.loads(model.booster_.save_config())["learner"]["generic_param"]["nthread"])
+
+
+def test_small_fits_and_every_prediction_run_on_one_thread_and_predict_the_same():
+    X, y = synthetic(300)
+    one, two = XGBCostModel(n_jobs=1).fit(X[:200], y[:200]), XGBCostModel(n_jobs=2).fit(X[:200], y[:200])
+    assert _threads(one) == _threads(two) == 1  # OpenMP's waiting threads cost CPU a compile pool needs
+    assert np.array_equal(one.predict(X[200:]), two.predict(X[200:]))  # a search proposes the same

@@ -6,6 +6,10 @@ import numpy as np
 # XGBoost's ranking objectives read labels as integer relevance grades: relative throughputs in
 # [0, 1] are binned into this many grades (without binning every label but the best became 0).
 RANK_GRADES = 31
+# a fit on fewer rows than this runs on one thread, as every prediction does: a workload's own few
+# hundred trials fitted no faster on two threads, for 1.4-1.7x the CPU-seconds (OpenMP's waiting
+# threads), which a GPU host's compile pool needs; the prior's thousands of rows fit 1.6x faster on two
+SMALL_FIT_ROWS = 2000
 
 
 class XGBCostModel:
@@ -13,7 +17,8 @@ class XGBCostModel:
 
     objective "rank" trains pairwise ranking within each group (one group per workload); "reg"
     regresses the label directly. `base_margin` (fit and predict alike) is a starting score per
-    row, e.g. another model's prediction: the trees then learn corrections to it.
+    row, e.g. another model's prediction: the trees then learn corrections to it. `n_jobs` threads
+    fit `SMALL_FIT_ROWS` rows or more; smaller fits and every prediction run on one.
     """
 
     def __init__(self, objective: str = "rank", n_estimators: int = 150, max_depth: int = 6,
@@ -31,12 +36,13 @@ class XGBCostModel:
         import xgboost as xgb
 
         X, y = np.asarray(X, dtype=np.float32), np.asarray(y, dtype=np.float32)
+        threads = 1 if len(y) < SMALL_FIT_ROWS else self.n_jobs
         groups = np.zeros(len(y), dtype=np.int64) if groups is None else np.asarray(groups)
         order = np.argsort(groups, kind="stable")  # xgboost wants each ranking group contiguous
         label = np.floor(np.clip(y, 0, 1) * RANK_GRADES) if self.objective == "rank" else y
         # nthread: DMatrix otherwise takes every core, and on a host whose cores are compiling it
         # took 17 ms per matrix (most of the proposal time on the H100 host)
-        dtrain = xgb.DMatrix(X[order], label=label[order], nthread=self.n_jobs,
+        dtrain = xgb.DMatrix(X[order], label=label[order], nthread=threads,
                              base_margin=None if base_margin is None else np.asarray(base_margin)[order])
         params = {"objective": "reg:squarederror"}
         if self.objective == "rank":
@@ -47,10 +53,11 @@ class XGBCostModel:
                       "lambdarank_num_pair_per_sample": 8}
         params.update({
             "max_depth": self.max_depth, "eta": self.learning_rate, "subsample": self.subsample,
-            "min_child_weight": self.min_child_weight, "seed": self.seed, "nthread": self.n_jobs,
+            "min_child_weight": self.min_child_weight, "seed": self.seed, "nthread": threads,
             "verbosity": 0,
         })
         self.booster_ = xgb.train(params, dtrain, num_boost_round=self.n_estimators)
+        self.booster_.set_param({"nthread": 1})  # for predict: a few dozen rows at a time
         return self
 
     def predict(self, X: np.ndarray, base_margin: np.ndarray | None = None) -> np.ndarray:
