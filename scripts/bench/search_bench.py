@@ -1,5 +1,6 @@
 """Compare search strategies: best-at-budget (16/32/64/128 trials) over several seeds, as a fraction
-of the best config seen in the whole run and against torch.matmul; saves a convergence plot (PNG).
+of the best config seen in the whole run and against torch.matmul, and the CPU-seconds a run costs
+the tuning process (its search and model fits, every thread); saves a convergence plot (PNG).
 
 Strategies: `sa` is warm-started as `tune-cli run` does it, by the measurements shipped with
 tritune for this GPU generation (never those of the workload searched; the database is fresh; an
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -81,25 +83,28 @@ def main() -> None:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     specs = args.strategies.split(",")
     runs: dict[str, list] = {spec: [] for spec in specs}
+    cpu: dict[str, list] = {spec: [] for spec in specs}  # the process's CPU-seconds per run
     # seed by seed, the strategies in turn: a GPU whose clocks drift over the run drifts for all alike
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         for spec in specs:
             if seed in seeds(spec, args.first_seed, args.seeds):
+                start = time.process_time()
                 runs[spec].append(trajectory(task, builder, runner, spec, seed, max(budgets)))
+                cpu[spec].append(time.process_time() - start)
                 # kept as it goes: a run cut short by a time limit still leaves its finished seeds
                 (Path(args.out) / "search_bench.partial.json").write_text(json.dumps({"torch_ms": torch_ms, "runs": runs}))
     close()
     best = min(min(t) for trajs in runs.values() for t in trajs)
     if args.recorded:
         best = runner.recording.best_ms  # the best of the whole recorded space
-    report(task, runs, budgets, best, torch_ms, Path(args.out), bool(args.recorded))
+    report(task, runs, cpu, budgets, best, torch_ms, Path(args.out), bool(args.recorded))
 
 
-def report(task, runs, budgets, best, torch_ms, out: Path, recorded: bool) -> None:
+def report(task, runs, cpu, budgets, best, torch_ms, out: Path, recorded: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
     what = "recorded space's best" if recorded else "best seen in this run"
     print(f"{task.expr.describe()} on {task.device.gpu}: best-at-budget / {what} "
-          f"(mean, min over seeds) | vs torch.matmul (mean)")
+          f"(mean, min over seeds) | vs torch.matmul (mean); CPU-s a run (mean)")
     rows = {}
     for name, trajs in runs.items():
         cells = []
@@ -109,11 +114,12 @@ def report(task, runs, budgets, best, torch_ms, out: Path, recorded: bool) -> No
                                            "vs_torch_mean": float(np.mean(torch_ms / at))}
             r = rows[name][b]
             cells.append(f"@{b}: {r['frac_mean']:.3f} ({r['frac_min']:.3f}) | {r['vs_torch_mean']:.3f}x")
-        print(f"  {name:8s} " + "   ".join(cells))
+        print(f"  {name:8s} " + "   ".join(cells) + f"   {np.mean(cpu[name]):.2f} CPU-s")
     # per-seed best-so-far times (None until a first config ran), to tell a stuck seed from noise
     trajectories = {name: [[t if np.isfinite(t) else None for t in traj] for traj in trajs] for name, trajs in runs.items()}
     (out / "search_bench.json").write_text(json.dumps({"workload": task.expr.to_dict(), "best_ms": best,
                                                        "torch_ms": torch_ms, "recorded": recorded, "rows": rows,
+                                                       "cpu_s": cpu,
                                                        "trajectories": trajectories}, indent=1))
     plot(runs, best, task, out / "search_convergence.png", what)
 
