@@ -3,11 +3,14 @@ two, each whole command timed from empty caches (Triton, Inductor, tritune, a da
 per run under a temp dir), then a Dask GPU host SIGKILLed mid-run.
 
   run1 / run2     tune-cli run --op matmul --shape 4096 --dtype fp16 --trials 128 --verbose [--devices all]
-  model1 / model2 tune-cli tune-model --model tritune.tuner.model.zoo:llama --input-shape 1,2048,2048
-                  --no-check --trials T [--devices all]
+  model1 / model2 tune-cli tune-model --model M (--input-shape 1,2048,2048 | --decode B,C[,N]) --no-check
+                  --trials T [--devices all]; M is --model (the zoo's llama), --decode its decode step
   model1x2        model1 with --per-gpu 2: two workloads at once on the first GPU
+  check1          model1 with its whole-model check, at tune-model's default budget (--check-trials)
+  check1x2        check1 with --per-gpu 2
   dask1 / dask2   the run1 workload through --cluster: a local Dask scheduler in this process and one
                   `tune-cli gpu-host` per GPU (--devices i, --compile-workers C each), started before the command
+  daskmodel1 / daskmodel2  model1's command through --cluster, one or two Dask GPU hosts as dask1 / dask2
   kill            dask2's command again; once --kill-at trials are stored, one worker is SIGKILLed:
                   every trial stored before the kill must still be there, the database intact, and the
                   run must complete or stop with one line
@@ -17,15 +20,18 @@ busy per device, trials stored) and the JSON in --out. GPU busy: `run`'s --verbo
 run's wall); for tune-model (no --verbose) each workload's device-seconds from --summary-json, over
 the whole command; the Dask path's GPU seconds stay on its hosts (n/a).
 
-Usage (from the repository's root, on a host with two GPUs; about 6 minutes at the defaults):
+Usage (from the repository's root, on a host with two GPUs; every step in about 12 minutes, or
+until --budget-s is spent):
     python -m scripts.bench.devices_bench --out devices.json [--trials 256] [--steps run1,run2,...]
+A decoder's decode step, one GPU with its check and each GPU count without:
+    python -m scripts.bench.devices_bench --out d.json --model scripts/bench/decoders.py:llama --decode 16,1024,33 \
+        --trials 1024 --steps check1,check1x2,model1,model2,daskmodel1,daskmodel2
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import re
 import shutil
 import signal
 import sqlite3
@@ -38,12 +44,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-STEPS = ("run1", "run2", "model1", "model2", "model1x2", "dask1", "dask2", "kill")
-TWINS = {"run2": "run1", "model2": "model1", "model1x2": "model1", "dask2": "dask1"}  # each step's one-GPU baseline
+from scripts.bench.bench_tables import busy_of_model, busy_of_run, last_line, parse_startup, parse_verbose
+
+STEPS = ("run1", "run2", "model1", "model2", "model1x2", "check1", "check1x2", "dask1", "dask2", "daskmodel1",
+         "daskmodel2", "kill")
+# each step's one-GPU baseline
+TWINS = {"run2": "run1", "model2": "model1", "model1x2": "model1", "check1x2": "check1", "dask2": "dask1",
+         "daskmodel2": "daskmodel1"}
 EXIT_NO_GPU = 3
 RUN = ["run", "--op", "matmul", "--shape", "4096", "--dtype", "fp16", "--verbose"]
-MODEL = ["tune-model", "--model", "tritune.tuner.model.zoo:llama", "--input-shape", "1,2048,2048", "--dtype", "fp16",
-         "--no-check"]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -51,6 +60,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, type=Path, help="write the results here (JSON)")
     p.add_argument("--trials", type=int, default=256, help="tune-model's trials (all workloads together)")
+    p.add_argument("--model", default="tritune.tuner.model.zoo:llama", help="tune-model's model (its --model)")
+    p.add_argument("--decode", default=None, metavar="B,C[,N]",
+                   help="tune the model's generate() decode step at batch B, context C (else prefill at 1,2048,2048)")
+    p.add_argument("--check-trials", type=int, default=256, help="the check steps' trials")
     p.add_argument("--run-trials", type=int, default=128, help="run's trials (run1, run2, dask*, kill)")
     p.add_argument("--steps", default=",".join(STEPS), help=f"which steps, comma-separated, of {','.join(STEPS)}")
     p.add_argument("--worker-cores", type=int, default=max(1, (os.cpu_count() or 2) // 2),
@@ -110,65 +123,6 @@ def timed(cmd: Sequence[str], env: dict, timeout_s: float, log: Path) -> dict:
 
 def _text(data: Any) -> str:
     return data.decode(errors="replace") if isinstance(data, bytes) else data or ""
-
-
-def last_line(text: str) -> str:
-    """The last non-empty line of a command's output."""
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else ""
-
-
-def parse_verbose(text: str) -> list[dict]:
-    """Each "where the time went" table of `tune-cli run --verbose`, as {"wall": seconds,
-    "GPU busy": {device or "all": fraction}, "compile pool busy": fraction}: rows "│ name │ seconds │
-    share │", fractions as percentages ("GPU busy fraction, host:0 │ │ 28% │")."""
-    tables: list[dict] = []
-    for line in text.splitlines():
-        cells = [c.strip() for c in re.split(r"[│┃|]", line)]
-        if len(cells) < 4:
-            continue
-        name, seconds, share = cells[1:4]
-        if name == "wall" and seconds:
-            tables.append({"wall": float(seconds), "GPU busy": {}})
-        elif tables and name.startswith("GPU busy fraction") and share.endswith("%"):
-            device = name.partition(", ")[2] or "all"
-            tables[-1]["GPU busy"][device] = float(share[:-1]) / 100
-        elif tables and name == "compile pool busy fraction" and share.endswith("%"):
-            tables[-1]["compile pool busy"] = float(share[:-1]) / 100
-    return tables
-
-
-def parse_startup(text: str) -> dict:
-    """The "start-up before the run" table of `tune-cli run --verbose`: {row name: seconds}."""
-    rows, inside = {}, False
-    for line in text.splitlines():
-        inside = inside or "start-up before the run" in line
-        cells = [c.strip() for c in re.split(r"[│┃|]", line)]
-        if inside and len(cells) == 4 and re.fullmatch(r"[0-9.]+", cells[2]):
-            rows[cells[1]] = float(cells[2])
-        elif inside and rows and "where the time went" in line:
-            break
-    return rows
-
-
-def busy_of_run(tables: list[dict]) -> dict:
-    """GPU busy per device of a `run` (its one table): each device where several measured, else all."""
-    if not tables:
-        return {}
-    busy = tables[-1]["GPU busy"]
-    return {k: v for k, v in busy.items() if k != "all"} or busy
-
-
-def busy_of_model(summary: dict, whole_s: float) -> dict:
-    """GPU busy per device of a tune-model run: every workload's device-seconds (its fraction of its
-    own wall, per device where several measured it) over the whole command's seconds."""
-    seconds: dict[str, float] = {}
-    for task in summary.get("tasks", []):
-        times = task.get("time") or {}
-        split = {k.partition(", ")[2]: v for k, v in times.items() if k.startswith("GPU busy fraction, ")}
-        for device, fraction in (split or {"?": times.get("GPU busy fraction", 0.0)}).items():
-            seconds[device] = seconds.get(device, 0.0) + fraction * times.get("wall", 0.0)
-    return {d: round(s / whole_s, 3) for d, s in sorted(seconds.items())} if whole_s else {}
 
 
 def stored_keys(db: Path) -> list[str]:
@@ -237,13 +191,22 @@ def step_run(args: argparse.Namespace, root: Path, name: str, timeout_s: float) 
             "startup": parse_startup(run["stdout"])}
 
 
+def model_args(args: argparse.Namespace, name: str, db: Path) -> list[str]:
+    """The tune-model arguments of a model, check or daskmodel step: on every GPU (model2), two
+    workloads at once (..x2), with the whole-model check (check..) at its own budget."""
+    check = name.startswith("check")
+    return ["tune-model", "--model", args.model,
+            *(["--decode", args.decode] if args.decode else ["--input-shape", "1,2048,2048"]), "--dtype", "fp16",
+            "--trials", str(args.check_trials if check else args.trials), "--db", str(db),
+            *([] if check else ["--no-check"]), *(["--devices", "all"] if name == "model2" else []),
+            *(["--per-gpu", "2"] if name.endswith("x2") else [])]
+
+
 def step_model(args: argparse.Namespace, root: Path, name: str, timeout_s: float) -> dict:
-    """model1 / model2 / model1x2: tune-model of the zoo llama at prefill on the first GPU, on every
-    GPU, or on the first with two workloads at once."""
+    """model1 / model2 / model1x2 / check1 / check1x2: tune-model on the first GPU, on every GPU,
+    or on the first with two workloads at once; the check steps with the whole-model check."""
     db, out = root / name / "t.db", root / name / "summary.json"
-    cmd = tune_cli([*MODEL, "--trials", str(args.trials), "--db", str(db), "--summary-json", str(out),
-                    *(["--devices", "all"] if name == "model2" else []),
-                    *(["--per-gpu", "2"] if name == "model1x2" else [])])
+    cmd = tune_cli([*model_args(args, name, db), "--summary-json", str(out)])
     run = timed(cmd, fresh_env(root, name), timeout_s, root / f"{name}.log")
     summary = json.loads(out.read_text()) if out.exists() else {}
     return summarised(run, db, busy_of_model(summary, run["seconds"]))
@@ -303,12 +266,14 @@ def _drain(proc: subprocess.Popen, log: Path) -> threading.Event:
 
 
 def step_dask(args: argparse.Namespace, root: Path, name: str, timeout_s: float) -> dict:
-    """dask1 / dask2: run1's workload through one or two Dask GPU hosts (started before the timed
-    command: their start is not in its seconds)."""
+    """dask1 / dask2 / daskmodel1 / daskmodel2: run1's workload or model1's command through one or
+    two Dask GPU hosts (started before the timed command: their start is not in its seconds)."""
     db, deadline = root / name / "t.db", time.perf_counter() + timeout_s
-    with scheduler() as address, gpu_hosts(address, 1 if name == "dask1" else 2, root, name, args.worker_cores,
-                                           timeout_s):
-        cmd = tune_cli([*RUN, "--trials", str(args.run_trials), "--db", str(db), "--cluster", address])
+    hosts = 2 if name.endswith("2") else 1
+    command = model_args(args, "model1", db) if "model" in name else [*RUN, "--trials", str(args.run_trials), "--db",
+                                                                      str(db)]
+    with scheduler() as address, gpu_hosts(address, hosts, root, name, args.worker_cores, timeout_s):
+        cmd = tune_cli([*command, "--cluster", address])
         run = timed(cmd, fresh_env(root, name), max(10.0, deadline - time.perf_counter()), root / f"{name}.log")
     return summarised(run, db, {})
 
@@ -356,14 +321,15 @@ def kill_verdict(db: Path, before: set[str], run: dict) -> dict:
 
 
 STEP_FUNCS = {"run1": step_run, "run2": step_run, "model1": step_model, "model2": step_model,
-              "model1x2": step_model, "dask1": step_dask, "dask2": step_dask, "kill": step_kill}
+              "model1x2": step_model, "check1": step_model, "check1x2": step_model, "dask1": step_dask,
+              "dask2": step_dask, "daskmodel1": step_dask, "daskmodel2": step_dask, "kill": step_kill}
 
 
 def why_skipped(name: str, gpus: int, spent_s: float, budget_s: float) -> str:
     """Why a step cannot run here now ('' where it can)."""
     if spent_s > budget_s:
         return f"the time budget of {budget_s:.0f} s is spent"
-    if name not in ("run1", "model1", "model1x2", "dask1") and gpus < 2:
+    if name not in ("run1", "model1", "model1x2", "check1", "check1x2", "dask1", "daskmodel1") and gpus < 2:
         return f"this host has {gpus} GPU"
     if name.startswith(("dask", "kill")):
         try:

@@ -1,6 +1,7 @@
 """The devices benchmark's CPU side (scripts/bench/devices_bench.py): its options, the --verbose
 table it reads GPU busy from (rendered here by the CLI's own code), tune-model's device-seconds,
-the kill's verdict, the final table on made-up numbers, and its one line on a host without a GPU."""
+the kill's verdict, the final table on made-up numbers, its one line on a host without a GPU, and
+the tune-model command of each model step, parsed by the CLI."""
 import io
 
 import pytest
@@ -107,3 +108,32 @@ def test_steps_that_need_two_gpus_or_dask_or_time_say_why_they_are_skipped():
     assert bench.why_skipped("run1", 1, 0.0, 500.0) == ""
     assert bench.why_skipped("run2", 1, 0.0, 500.0) == "this host has 1 GPU"
     assert bench.why_skipped("model1", 2, 501.0, 500.0) == "the time budget of 500 s is spent"
+
+
+@pytest.mark.parametrize("name, want, unwanted", [
+    ("model1", ["--no-check", "--trials 1024"], ["--devices", "--per-gpu"]),
+    ("model2", ["--no-check", "--devices all"], ["--per-gpu"]),
+    ("model1x2", ["--no-check", "--per-gpu 2"], ["--devices"]),
+    ("check1", ["--trials 256"], ["--no-check", "--per-gpu"]),
+    ("check1x2", ["--per-gpu 2", "--trials 256"], ["--no-check"]),
+])
+def test_each_model_step_is_a_command_tune_cli_takes(tmp_path, name, want, unwanted):
+    from tritune.tuner.cli import cli
+
+    args = bench.parse_args(["--out", "x.json", "--trials", "1024", "--model", "scripts/bench/decoders.py:llama",
+                             "--decode", "16,1024,33"])
+    command = bench.model_args(args, name, tmp_path / "t.db")
+    assert command[:3] == ["tune-model", "--model", "scripts/bench/decoders.py:llama"]
+    assert "--decode" in command and "--input-shape" not in command
+    assert all(f" {words} " in f" {' '.join(command)} " for words in want)
+    assert not set(unwanted) & set(command)
+    cli.commands["tune-model"].make_context("tune-model", command[1:])  # the CLI parses it (SystemExit if not)
+    prefill = bench.model_args(bench.parse_args(["--out", "x.json"]), name, tmp_path / "t.db")
+    assert prefill[prefill.index("--input-shape") + 1] == "1,2048,2048" and "--decode" not in prefill
+
+
+def test_the_one_gpu_model_steps_run_on_one_gpu_and_their_twins_on_two():
+    for name in ("check1", "check1x2", "daskmodel1"):  # daskmodel1 needs dask distributed, installed here
+        assert bench.why_skipped(name, 1, 0.0, 500.0) == ""
+    assert bench.why_skipped("daskmodel2", 1, 0.0, 500.0) == "this host has 1 GPU"
+    assert bench.TWINS["check1x2"] == "check1" and bench.TWINS["daskmodel2"] == "daskmodel1"
