@@ -183,12 +183,17 @@ def step_run(args: argparse.Namespace, root: Path, name: str, timeout_s: float) 
     """run1 / run2: the 4096^3 workload on the first GPU, or on every GPU of the host."""
     db, out = root / name / "t.db", root / name / "summary.json"
     env = fresh_env(root, name)
-    cmd = tune_cli([*RUN, "--trials", str(args.run_trials), "--db", str(db), "--summary-json", str(out),
+    cmd = tune_cli([*run_args(args, db), "--summary-json", str(out),
                     *(["--devices", "all"] if name == "run2" else [])])
     run = timed(cmd, env, timeout_s, root / f"{name}.log")
     tables = parse_verbose(run["stdout"])
     return {**summarised(run, db, busy_of_run(tables)), "verbose": tables[-1] if tables else None,
             "startup": parse_startup(run["stdout"])}
+
+
+def run_args(args: argparse.Namespace, db: Path) -> list[str]:
+    """The arguments of the run steps' command (run1's workload at --run-trials) into `db`."""
+    return [*RUN, "--trials", str(args.run_trials), "--db", str(db)]
 
 
 def model_args(args: argparse.Namespace, name: str, db: Path) -> list[str]:
@@ -270,8 +275,7 @@ def step_dask(args: argparse.Namespace, root: Path, name: str, timeout_s: float)
     two Dask GPU hosts (started before the timed command: their start is not in its seconds)."""
     db, deadline = root / name / "t.db", time.perf_counter() + timeout_s
     hosts = 2 if name.endswith("2") else 1
-    command = model_args(args, "model1", db) if "model" in name else [*RUN, "--trials", str(args.run_trials), "--db",
-                                                                      str(db)]
+    command = model_args(args, "model1", db) if "model" in name else run_args(args, db)
     with scheduler() as address, gpu_hosts(address, hosts, root, name, args.worker_cores, timeout_s):
         cmd = tune_cli([*command, "--cluster", address])
         run = timed(cmd, fresh_env(root, name), max(10.0, deadline - time.perf_counter()), root / f"{name}.log")
@@ -282,7 +286,7 @@ def step_kill(args: argparse.Namespace, root: Path, name: str, timeout_s: float)
     """kill: dask2's command, with its second host SIGKILLed once --kill-at trials are stored."""
     db, deadline = root / name / "t.db", time.perf_counter() + timeout_s
     with scheduler() as address, gpu_hosts(address, 2, root, name, args.worker_cores, timeout_s) as hosts:
-        cmd = tune_cli([*RUN, "--trials", str(args.run_trials), "--db", str(db), "--cluster", address])
+        cmd = tune_cli([*run_args(args, db), "--cluster", address])
         start, timeout_s = time.perf_counter(), max(10.0, deadline - time.perf_counter())
         outs = [root / f"{name}.out", root / f"{name}.err"]  # files, not pipes: nothing reads them meanwhile
         with open(outs[0], "w") as out, open(outs[1], "w") as err:
