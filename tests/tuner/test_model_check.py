@@ -86,7 +86,7 @@ def test_without_a_gpu_the_check_says_so_once_per_mode_and_stores_nothing(tmp_pa
                                       modes=("default", "reduce-overhead"), timeout_s=120)
     assert [r["mode"] for r in results] == ["default", "reduce-overhead"]
     assert all(r["error"].startswith("the model could not be built on the GPU") for r in results), results
-    assert set(results[0]["seconds"]) == {"process and imports", "model built"}  # the start, in the first mode's
+    assert all(set(r["seconds"]) == {"process and imports", "model built"} for r in results)  # each mode's own start
     with Database(tmp_path / "t.db") as db:
         assert "graph_verdicts" not in db._db.table_names()
 
@@ -115,9 +115,22 @@ def test_the_early_check_waits_for_the_tuning_and_is_killed_if_it_never_comes(tm
     spec = f"{Path(__file__).parents[1] / 'helpers' / 'models.py'}:Awkward"
     with model_check.EarlyCheck(spec, ["2,3,29", "3,5,7"], "fp32", tmp_path / "t.db", modes=("default",)) as early:
         time.sleep(3)  # long enough for its start and the model's (failed) build here
-        assert early._proc.is_alive() and not early._out.exists()  # waiting to be told the tuning is done
+        assert all(c.proc.is_alive() and not c.out.exists() for c in early._children)  # waiting for the tuning
         results = early.finish(timeout_s=120)
     assert [r["mode"] for r in results] == ["default"] and "could not be built" in results[0]["error"]
     with model_check.EarlyCheck(spec, ["2,3,29", "3,5,7"], "fp32", tmp_path / "t.db") as left:
-        proc = left._proc
-    assert not proc.is_alive()  # a tuning that failed leaves no check behind
+        procs = [c.proc for c in left._children]
+    assert len(procs) == 2 and not any(p.is_alive() for p in procs)  # a tuning that failed leaves no check behind
+
+
+@pytest.mark.system
+def test_the_modes_compile_at_once_and_time_one_after_another(tmp_path, monkeypatch):
+    import check_stub
+
+    monkeypatch.setattr(model_check, "_child", check_stub.child)
+    with model_check.EarlyCheck("0.3", [], "fp16", tmp_path / "t.db", modes=("default", "reduce-overhead")) as early:
+        results = early.finish(timeout_s=120)
+    assert [r["mode"] for r in results] == ["default", "reduce-overhead"]
+    first, second = (r["heard"] for r in results)
+    assert max(first["go"], second["go"]) < min(first["time"], second["time"])  # every compile before any timing
+    assert first["timed"] < second["time"]  # one mode timed at a time

@@ -31,7 +31,7 @@ import torch.fx as fx
 from tritune.errors import first_line
 from tritune.kernels.device import device_info, interpreted
 from tritune.kernels.family import device_key
-from tritune.kernels.backend import graph
+from tritune.kernels.backend import access_memo, graph
 from tritune.kernels.backend.constants import constants_traceable, fold_constants
 from tritune.kernels.backend.cuda_graphs import GraphStep, capturable
 from tritune.kernels.backend.outer import outer_products
@@ -200,6 +200,7 @@ class Backend:
         captured = plain is not None and capturable(aten, example_inputs)
         rewrite(aten, hits, captured, self.early_launch)
         _keep_input_facts(gm, aten)
+        access_memo.install()  # the lowering analyses each tuned site's kernel: once per kernel and argument kinds
         with constants_traceable(example_inputs):
             if captured:
                 return GraphStep(plain(aten, example_inputs), example_inputs)

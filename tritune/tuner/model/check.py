@@ -5,9 +5,10 @@ fuse better), so a graph that runs slower with tuned kernels is stored as such (
 and `tritune.compiler` then leaves it to Inductor whole: a tuned model is never slower than
 torch.compile's, as measured.
 
-The measurement runs in a child process (its own CUDA context: a crash costs only the check),
-timed by `tritune.tuner.timing`; `EarlyCheck` starts it before the tuning, so that its start and
-Inductor's own compiles are paid while the tuner works.
+The measurement runs in a child process per mode (its own CUDA context: a crash costs only the
+check), timed by `tritune.tuner.timing`; `EarlyCheck` starts them before the tuning, so that their
+start and Inductor's own compiles are paid while the tuner works, and after it they compile with
+the tuned kernels at once (the modes' compiles overlap) and time one after another.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from tritune.records.database import Database
 from tritune.records.dispatch import graph_mode
@@ -46,38 +47,40 @@ def check_model(spec: str, input_shapes: Sequence[str], dtype: str, db_path: str
 
 
 class EarlyCheck:
-    """The check's child process, started before the tuning: it imports torch, builds the model and
-    compiles (and runs once) Inductor's lowering in each mode while the tuner works (seconds of
-    CPU each, off the tuning's critical path), then waits for `finish`, which has it compile the
-    model with the tuned kernels and time both in turns. Killed on leaving the block unfinished."""
+    """The check's child processes, one per mode, started before the tuning: each imports torch,
+    builds the model and compiles (and runs once) Inductor's lowering in its mode while the tuner
+    works (seconds of CPU each, off the tuning's critical path), then waits for `finish`, which has
+    every child compile the model with the tuned kernels at once and then time both in turns, one
+    mode after another (the GPU is timed by one process at a time). Killed on leaving the block
+    unfinished."""
 
     def __init__(self, spec: str, input_shapes: Sequence[str], dtype: str, db_path: str | Path,
                  modes: Sequence[str] = MODES, rounds: int = 30, decode: str | None = None) -> None:
         self.db_path, self.modes = db_path, list(modes)
         self._tmp = tempfile.TemporaryDirectory(prefix="tritune_check_")
-        self._out = Path(self._tmp.name) / "check.json"
         ctx = mp.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_child, daemon=True, args=(
-            os.getpid(), child, spec, list(input_shapes), decode, dtype, str(db_path), self.modes, rounds,
-            str(self._out)))
-        start_lasting(self._proc.start)
-        child.close()
+        self._children: list[_Child] = []
+        for mode in self.modes:
+            out = Path(self._tmp.name) / f"check-{mode}.json"
+            conn, child = ctx.Pipe()
+            proc = ctx.Process(target=_child, daemon=True, args=(
+                os.getpid(), child, spec, list(input_shapes), decode, dtype, str(db_path), mode, rounds, str(out)))
+            start_lasting(proc.start)
+            child.close()
+            self._children.append(_Child(mode, proc, conn, out))
 
     def finish(self, timeout_s: float = 900.0) -> list[dict]:
-        """Let the child measure with the tuned kernels now; its results (stored as graph verdicts)."""
-        try:
-            self._conn.send("go")
-        except (BrokenPipeError, OSError):
-            pass  # it ended already: its results, or the exit code, say why
-        self._proc.join(timeout_s)
-        if self._proc.is_alive():
-            self._proc.kill()
-            self._proc.join()
-        results = json.loads(self._out.read_text()) if self._out.exists() else []
-        done, code = {r["mode"] for r in results}, self._proc.exitcode
-        why = f"the check's process ended with exit code {code}" if code else f"timed out after {timeout_s:.0f} s"
-        results += [{"mode": m, "error": why} for m in self.modes if m not in done]
+        """Let the children compile with the tuned kernels (all at once), then time one mode after
+        another; their results (stored as graph verdicts)."""
+        deadline = time.monotonic() + timeout_s
+        for child in self._children:
+            child.tell("go")
+        for child in self._children:
+            child.hear(deadline)  # compiled (or ended)
+        results = []
+        for child in self._children:
+            child.tell("time")
+            results.append(child.result(deadline, timeout_s))
         _store(self.db_path, results)
         return results
 
@@ -85,11 +88,46 @@ class EarlyCheck:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._proc.is_alive():
-            self._proc.kill()
-            self._proc.join()
-        self._conn.close()
+        for child in self._children:
+            child.end()
         self._tmp.cleanup()
+
+
+class _Child:
+    """One mode's check process, its end of the pipe and its results' file."""
+
+    def __init__(self, mode: str, proc: Any, conn: Any, out: Path) -> None:
+        self.mode, self.proc, self.conn, self.out = mode, proc, conn, out
+
+    def tell(self, what: str) -> None:
+        try:
+            self.conn.send(what)
+        except (BrokenPipeError, OSError):
+            pass  # it ended already: its results, or the exit code, say why
+
+    def hear(self, deadline: float) -> None:
+        """Until the child says something, ends, or the deadline passes."""
+        try:
+            if self.conn.poll(max(0.0, deadline - time.monotonic())):
+                self.conn.recv()
+        except (EOFError, OSError):
+            pass
+
+    def result(self, deadline: float, timeout_s: float) -> dict:
+        """Its result once it ends (killed at the deadline); an error where it wrote none."""
+        self.proc.join(max(0.0, deadline - time.monotonic()))
+        self.end()
+        if self.out.exists():
+            return json.loads(self.out.read_text())
+        code = self.proc.exitcode
+        return {"mode": self.mode, "error": f"the check's process ended with exit code {code}"
+                if code and code > 0 else f"timed out after {timeout_s:.0f} s"}
+
+    def end(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        self.conn.close()
 
 
 def _store(db_path: str | Path, results: Sequence[dict]) -> None:
@@ -104,9 +142,9 @@ def _store(db_path: str | Path, results: Sequence[dict]) -> None:
 
 
 def _child(parent: int, conn: Any, spec: str, input_shapes: list[str], decode: str | None, dtype: str, db_path: str,
-           modes: list[str], rounds: int, out: str) -> None:
-    """The check's process: Inductor's lowering compiled in each mode, then (once told to go) each
-    mode measured in turn, results written after each."""
+           mode: str, rounds: int, out: str) -> None:
+    """One mode's check process: Inductor's lowering compiled; once told to go, the tuned kernels'
+    compiled; once told to time, both timed in turns and the result written."""
     bind_to_parent(parent)
     import torch
 
@@ -118,30 +156,28 @@ def _child(parent: int, conn: Any, spec: str, input_shapes: list[str], decode: s
     clock = time.perf_counter()
     try:
         model = load_subject(spec, input_shapes, dtype, "cuda", "random", decode)
-    except Exception as exc:  # noqa: BLE001 - the user's factory, or no GPU: every mode reports it
-        model, why = None, f"the model could not be built on the GPU: {first_line(exc)}"
+        failed = None
+    except Exception as exc:  # noqa: BLE001 - the user's factory, or no GPU: the mode reports it
+        model, failed = None, RuntimeError(f"the model could not be built on the GPU: {first_line(exc)}")
     start["model built"] = time.perf_counter() - clock
-    early: dict[str, Any] = {}
     with torch.no_grad():
-        for mode in modes if model is not None else ():
-            early[mode] = _inductor(model, mode)
+        early = _inductor(model, mode) if model is not None else failed
         _wait(conn)
-        results: list[dict] = []
-        for mode in modes:
-            try:
-                if model is None:
-                    raise RuntimeError(why)
-                if isinstance(early[mode], Exception):
-                    raise early[mode]
-                results.append({"mode": mode, **_measure(model, db_path, mode, rounds, *early[mode])})
-            except Exception as exc:  # noqa: BLE001 - a mode that fails must not cost the others
-                results.append({"mode": mode, "error": str(exc) if model is None else first_line(exc)})
-            results[0]["seconds"] = {**start, **results[0].get("seconds", {})}  # the start is the first mode's
-            Path(out).write_text(json.dumps(results))
+        tuned = _tuned(model, db_path, mode) if not isinstance(early, Exception) else early
+        conn.send("compiled")
+        _wait(conn)
+        try:
+            if isinstance(tuned, Exception):
+                raise tuned
+            result = {"mode": mode, **_measure(model, mode, rounds, early, tuned)}
+        except Exception as exc:  # noqa: BLE001 - reported as the mode's failure
+            result = {"mode": mode, "error": str(exc) if model is None else first_line(exc)}
+        result["seconds"] = {**start, **result.get("seconds", {})}
+        Path(out).write_text(json.dumps(result))
 
 
 def _wait(conn: Any) -> None:
-    """Until the tuning is done (the parent says go); a parent gone ends the process."""
+    """Until the parent says go on; a parent gone ends the process."""
     try:
         conn.recv()
     except (EOFError, OSError):
@@ -161,34 +197,53 @@ def _inductor(model: Any, mode: str) -> tuple | Exception:
         return exc
 
 
-def _measure(model: Any, db_path: str, mode: str, rounds: int, inductor: Any, inductor_out: Any,
-             inductor_s: float) -> dict:
-    """Inductor (`inductor`, compiled ahead) and the tuned kernels in one mode, on the model (a
-    `subject.Subject`): warmed up, checked against each other, timed in turns."""
+class _Tuned(NamedTuple):
+    """The model compiled with the tuned kernels in one mode: its step caller, first outputs, the
+    backend (its sites and graphs) and the seconds its compile took."""
+    fn: Any
+    out: Any
+    backend: Any
+    seconds: float
+
+
+def _tuned(model: Any, db_path: str, mode: str) -> _Tuned | Exception:
+    """The model (a `subject.Subject`) compiled with the tuned kernels in `mode` and run
+    (`_first_outputs`), as the graphs run alone (no graph verdict); or what it raised."""
     import torch
+    from torch._dynamo.utils import counters
 
     import tritune
+
+    counters.clear()  # the graph breaks and frames reported are this compile's
+    start = time.perf_counter()
+    try:
+        backend = tritune.compiler(db_path, mode=None if mode == "default" else mode, graph_verdicts=False)
+        fn = model.call(torch.compile(model.fn, backend=backend), mode != "default")
+        return _Tuned(fn, _first_outputs(fn), backend, time.perf_counter() - start)
+    except Exception as exc:  # noqa: BLE001 - reported as the mode's failure
+        return exc
+
+
+def _measure(model: Any, mode: str, rounds: int, inductor: tuple, tuned: _Tuned) -> dict:
+    """Inductor (`inductor`: its step caller, outputs and compile seconds, compiled ahead) and the
+    tuned kernels (`tuned`) in one mode, on the model (a `subject.Subject`): checked against each
+    other, timed in turns."""
+    from torch._dynamo.utils import counters
+
     from tritune.kernels.device import device_info
     from tritune.kernels.family import device_key
 
-    from torch._dynamo.utils import counters
-
-    compile_mode = None if mode == "default" else mode
     cuda_graphs = mode != "default"
-    backend = tritune.compiler(db_path, mode=compile_mode, graph_verdicts=False)  # what the graphs run alone
-    fns = {"tritune": model.call(torch.compile(model.fn, backend=backend), cuda_graphs)}
-    counters.clear()
     watch = Stopwatch()
-    watch.add("compile by Inductor alone (ahead)", inductor_s)
-    with watch("compile with the tuned kernels"):
-        outs = {"tritune": _first_outputs(fns["tritune"])}
-    tuned = sum(kind == "tuned" for _, kind in backend.sites)
-    result = {"graphs": sorted(set(backend.graphs)), "tuned_sites": tuned, "sites": len(backend.sites),
-              "device": device_key(device_info(), "matmul").to_json()}
+    watch.add("compile by Inductor alone (ahead)", inductor[2])
+    watch.add("compile with the tuned kernels", tuned.seconds)
+    backend = tuned.backend
+    result = {"graphs": sorted(set(backend.graphs)), "tuned_sites": sum(kind == "tuned" for _, kind in backend.sites),
+              "sites": len(backend.sites), "device": device_key(device_info(), "matmul").to_json()}
     if not backend.graphs:
         return {**result, "seconds": watch.snapshot()}  # no tuned site: the graphs reach Inductor untouched
-    fns["inductor"], outs["inductor"] = inductor, inductor_out
-    error = outputs_rel_error(outs["tritune"], outs["inductor"])
+    fns = {"tritune": tuned.fn, "inductor": inductor[0]}
+    error = outputs_rel_error(tuned.out, inductor[1])
     with watch("timed in turns"):
         times = in_turns({**fns, "eager": model.call(model.fn, False)}, per_call_ms, rounds)
     ratio = paired_ratio(times["tritune"], times["inductor"])
