@@ -1,5 +1,6 @@
 """The whole-model check: graph verdicts decide what the backend replays; the check stores them and
 reports a machine without a GPU in one line per mode."""
+import os
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from tritune.records.result import MeasureResult, Status
 from tritune.schedules.config import Config
 from tritune.tuner import timing
 from tritune.tuner.cli.display import check_table
+from waiting import eventually
 from tritune.tuner.model import check as model_check
 
 
@@ -116,6 +118,9 @@ def test_the_early_check_waits_for_the_tuning_and_is_killed_if_it_never_comes(tm
     with model_check.EarlyCheck(spec, ["2,3,29", "3,5,7"], "fp32", tmp_path / "t.db", modes=("default",)) as early:
         time.sleep(3)  # long enough for its start and the model's (failed) build here
         assert all(c.proc.is_alive() and not c.out.exists() for c in early._children)  # waiting for the tuning
+        niced = min(19, os.nice(0) + model_check.CHECK_NICE)  # below the tuning's compile pool
+        for c in early._children:
+            eventually(lambda: os.getpriority(os.PRIO_PROCESS, c.proc.pid) == niced, timeout_s=60)
         results = early.finish(timeout_s=120)
     assert [r["mode"] for r in results] == ["default"] and "could not be built" in results[0]["error"]
     with model_check.EarlyCheck(spec, ["2,3,29", "3,5,7"], "fp32", tmp_path / "t.db") as left:

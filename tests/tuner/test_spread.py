@@ -6,6 +6,7 @@ from functools import partial
 import pytest
 
 from fakes import FakeBuilder
+from waiting import eventually
 from tritune.records.database import Database
 from tritune.records.result import Status
 from tritune.tuner import run as tuning
@@ -44,13 +45,13 @@ def test_each_device_takes_the_next_workload_and_free_ones_join_the_last():
     out = []
     thread = threading.Thread(target=lambda: out.append(spread(run, [30, 20, 10], devices)))
     thread.start()
-    _until(lambda: len(seen) == 2)
+    eventually(lambda: len(seen) == 2)
     assert seen == {0: [["a"]], 1: [["b"]]}  # the two largest at once, one device each
     gates[1].set()
-    _until(lambda: 2 in seen)
+    eventually(lambda: 2 in seen)
     assert seen[2] == [["b"]]  # the device that came free takes the next waiting workload
     gates[2].set()
-    _until(lambda: len(devices) and seen[2][-1] == ["b"] and len(seen[2]) == 2)
+    eventually(lambda: len(devices) and seen[2][-1] == ["b"] and len(seen[2]) == 2)
     gates[0].set()
     thread.join(10)
     assert out == [["done 0", "done 1", "done 2"]]
@@ -68,15 +69,6 @@ def test_a_workload_whose_device_is_lost_goes_back_and_none_left_is_device_lost(
     run, _ = scripted([[alone[0]]])
     with pytest.raises(DeviceLost, match="c fell off the bus"):
         spread(run, [1], alone)
-
-
-def _until(condition, timeout=10.0):
-    import time
-
-    deadline = time.time() + timeout
-    while not condition():
-        assert time.time() < deadline
-        time.sleep(0.01)
 
 
 def test_a_models_workloads_over_two_stand_in_gpus(monkeypatch, tmp_path):

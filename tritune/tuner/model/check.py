@@ -33,6 +33,9 @@ MODES = ("default", "reduce-overhead")  # torch.compile's modes the check measur
 # (two identical compiled models of a host-bound decode step timed up to 4% apart on the H100)
 GRAPH_MARGIN = 0.02
 MAX_REL_ERROR = 5e-2  # a compiled model further than this from Inductor's output is wrong, not fast
+# the check's processes (and Inductor's compile workers they start) yield to the tuning: its start
+# (the model's capture) and its compile pool (niced 10) are the critical path while they run ahead
+CHECK_NICE = 15
 
 
 def check_model(spec: str, input_shapes: Sequence[str], dtype: str, db_path: str | Path,
@@ -146,6 +149,7 @@ def _child(parent: int, conn: Any, spec: str, input_shapes: list[str], decode: s
     """One mode's check process: Inductor's lowering compiled; once told to go, the tuned kernels'
     compiled; once told to time, both timed in turns and the result written."""
     bind_to_parent(parent)
+    os.nice(CHECK_NICE)
     import torch
 
     from tritune.errors import first_line
