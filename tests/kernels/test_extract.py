@@ -130,3 +130,18 @@ def test_tune_model_shares_the_budget_and_tunes_every_workload(monkeypatch, tmp_
         stored = {spec: len(d.trials(key)) for key, _, _, spec in d.workloads()}
     # equal FLOPs: 12 each, and the trial rounding left over goes to one of them
     assert sorted(stored.values()) == [12, 13] and all('"tf32":false' in s for s in stored)
+
+
+def test_an_uninitialised_build_allocates_its_weights_only_in_the_asked_dtype(monkeypatch):
+    from tritune.tuner.model.load import build
+
+    allocated = []
+    to_empty = nn.Module.to_empty
+
+    def spy(module, *args, **kwargs):
+        allocated.append({p.dtype for p in module.parameters()})
+        return to_empty(module, *args, **kwargs)
+    monkeypatch.setattr(nn.Module, "to_empty", spy)
+    model, _ = build(lambda: Block(64, 4), [], "fp16", "cpu", "empty")  # no full-precision copy first
+    assert allocated == [{torch.float16}]
+    assert {(p.dtype, p.device.type) for p in model.parameters()} == {(torch.float16, "cpu")}

@@ -72,7 +72,9 @@ def build(factory: Callable[[], Any], shapes: Sequence[tuple[int, ...]], dtype: 
             model = factory()
         if not isinstance(model, torch.nn.Module):
             raise ModelError(f"the factory returned a {type(model).__name__}, not a torch.nn.Module")
-        model = (model.to_empty(device=device) if weights == "empty" else model).to(torch_dtype(dtype)).eval()
+        # cast while still on meta: no full-precision copy is allocated (and converted) on the device
+        model = model.to(torch_dtype(dtype))
+        model = (model.to_empty(device=device) if weights == "empty" else model).eval()
     except ModelError:
         raise
     except SystemExit as exc:  # a factory that exits: one line, not its exit code
