@@ -139,3 +139,16 @@ def test_the_modes_compile_at_once_and_time_one_after_another(tmp_path, monkeypa
     first, second = (r["heard"] for r in results)
     assert max(first["go"], second["go"]) < min(first["time"], second["time"])  # every compile before any timing
     assert first["timed"] < second["time"]  # one mode timed at a time
+
+
+@pytest.mark.system
+def test_a_mode_out_of_gpu_memory_beside_the_others_is_checked_again_alone(tmp_path, monkeypatch):
+    import check_stub
+
+    monkeypatch.setattr(model_check, "_child", check_stub.child)
+    with model_check.EarlyCheck("0.1:oom", [], "fp16", tmp_path / "t.db", modes=("default", "reduce-overhead")) as early:
+        results = early.finish(timeout_s=120)
+    assert [r["mode"] for r in results] == ["default", "reduce-overhead"]
+    assert not any("error" in r for r in results), results
+    again, other = (r["heard"] for r in results)
+    assert again["started"] > other["timed"]  # started once the others were done

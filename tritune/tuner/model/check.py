@@ -54,36 +54,39 @@ class EarlyCheck:
     builds the model and compiles (and runs once) Inductor's lowering in its mode while the tuner
     works (seconds of CPU each, off the tuning's critical path), then waits for `finish`, which has
     every child compile the model with the tuned kernels at once and then time both in turns, one
-    mode after another (the GPU is timed by one process at a time). Killed on leaving the block
+    mode after another (the GPU is timed by one process at a time). A mode that ran out of GPU
+    memory beside the others is checked again alone, after them. Killed on leaving the block
     unfinished."""
 
     def __init__(self, spec: str, input_shapes: Sequence[str], dtype: str, db_path: str | Path,
                  modes: Sequence[str] = MODES, rounds: int = 30, decode: str | None = None) -> None:
         self.db_path, self.modes = db_path, list(modes)
         self._tmp = tempfile.TemporaryDirectory(prefix="tritune_check_")
+        self._args = (spec, list(input_shapes), decode, dtype, str(db_path))
+        self._rounds, self._spawned = rounds, 0
+        self._children = [self._spawn(mode) for mode in self.modes]
+
+    def _spawn(self, mode: str) -> "_Child":
+        """A check process for `mode`, started."""
         ctx = mp.get_context("spawn")
-        self._children: list[_Child] = []
-        for mode in self.modes:
-            out = Path(self._tmp.name) / f"check-{mode}.json"
-            conn, child = ctx.Pipe()
-            proc = ctx.Process(target=_child, daemon=True, args=(
-                os.getpid(), child, spec, list(input_shapes), decode, dtype, str(db_path), mode, rounds, str(out)))
-            start_lasting(proc.start)
-            child.close()
-            self._children.append(_Child(mode, proc, conn, out))
+        self._spawned += 1
+        out = Path(self._tmp.name) / f"check-{self._spawned}-{mode}.json"
+        conn, child = ctx.Pipe()
+        proc = ctx.Process(target=_child, daemon=True,
+                           args=(os.getpid(), child, *self._args, mode, self._rounds, str(out)))
+        start_lasting(proc.start)
+        child.close()
+        return _Child(mode, proc, conn, out)
 
     def finish(self, timeout_s: float = 900.0) -> list[dict]:
         """Let the children compile with the tuned kernels (all at once), then time one mode after
         another; their results (stored as graph verdicts)."""
         deadline = time.monotonic() + timeout_s
-        for child in self._children:
-            child.tell("go")
-        for child in self._children:
-            child.hear(deadline)  # compiled (or ended)
-        results = []
-        for child in self._children:
-            child.tell("time")
-            results.append(child.result(deadline, timeout_s))
+        results = _run(self._children, deadline, timeout_s)
+        for i, r in enumerate(results):
+            if r.get("out_of_memory") and len(self._children) > 1:
+                self._children.append(self._spawn(r["mode"]))
+                results[i] = _run(self._children[-1:], deadline, timeout_s)[0]
         _store(self.db_path, results)
         return results
 
@@ -94,6 +97,19 @@ class EarlyCheck:
         for child in self._children:
             child.end()
         self._tmp.cleanup()
+
+
+def _run(children: Sequence["_Child"], deadline: float, timeout_s: float) -> list[dict]:
+    """Every child compiles with the tuned kernels at once; then each times, one after another."""
+    for child in children:
+        child.tell("go")
+    for child in children:
+        child.hear(deadline)  # compiled (or ended)
+    results = []
+    for child in children:
+        child.tell("time")
+        results.append(child.result(deadline, timeout_s))
+    return results
 
 
 class _Child:
@@ -176,6 +192,8 @@ def _child(parent: int, conn: Any, spec: str, input_shapes: list[str], decode: s
             result = {"mode": mode, **_measure(model, mode, rounds, early, tuned)}
         except Exception as exc:  # noqa: BLE001 - reported as the mode's failure
             result = {"mode": mode, "error": str(exc) if model is None else first_line(exc)}
+            if "out of memory" in str(exc).lower():  # torch's OutOfMemoryError, or a build that met it
+                result["out_of_memory"] = True
         result["seconds"] = {**start, **result.get("seconds", {})}
         Path(out).write_text(json.dumps(result))
 
