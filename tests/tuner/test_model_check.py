@@ -130,11 +130,7 @@ def test_the_early_check_waits_for_the_tuning_and_is_killed_if_it_never_comes(tm
 
 @pytest.mark.system
 def test_the_modes_compile_at_once_and_time_one_after_another(tmp_path, monkeypatch):
-    import check_stub
-
-    monkeypatch.setattr(model_check, "_child", check_stub.child)
-    with model_check.EarlyCheck("0.3", [], "fp16", tmp_path / "t.db", modes=("default", "reduce-overhead")) as early:
-        results = early.finish(timeout_s=120)
+    results = stand_in_check("0.3", tmp_path, monkeypatch)
     assert [r["mode"] for r in results] == ["default", "reduce-overhead"]
     first, second = (r["heard"] for r in results)
     assert max(first["go"], second["go"]) < min(first["time"], second["time"])  # every compile before any timing
@@ -143,12 +139,17 @@ def test_the_modes_compile_at_once_and_time_one_after_another(tmp_path, monkeypa
 
 @pytest.mark.system
 def test_a_mode_out_of_gpu_memory_beside_the_others_is_checked_again_alone(tmp_path, monkeypatch):
-    import check_stub
-
-    monkeypatch.setattr(model_check, "_child", check_stub.child)
-    with model_check.EarlyCheck("0.1:oom", [], "fp16", tmp_path / "t.db", modes=("default", "reduce-overhead")) as early:
-        results = early.finish(timeout_s=120)
+    results = stand_in_check("0.1:oom", tmp_path, monkeypatch)
     assert [r["mode"] for r in results] == ["default", "reduce-overhead"]
     assert not any("error" in r for r in results), results
     again, other = (r["heard"] for r in results)
     assert again["started"] > other["timed"]  # started once the others were done
+
+
+def stand_in_check(spec, tmp_path, monkeypatch):
+    """EarlyCheck's results for both modes, its children the stand-in (`check_stub.child`, `spec`)."""
+    import check_stub
+
+    monkeypatch.setattr(model_check, "_child", check_stub.child)
+    with model_check.EarlyCheck(spec, [], "fp16", tmp_path / "t.db", modes=("default", "reduce-overhead")) as early:
+        return early.finish(timeout_s=120)
