@@ -1,6 +1,8 @@
 """access_memo: torch's analysis of a user-defined Triton kernel's reads and writes, answered once
 per kernel and kinds of arguments (what the analysis sees), as torch answers it."""
 import sympy
+import triton
+import triton.language as tl
 import torch
 from torch._higher_order_ops import triton_kernel_wrap
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -68,3 +70,27 @@ def test_install_wraps_torchs_analysis_once():
     finally:
         for n, fn in saved.items():
             setattr(triton_kernel_wrap, n, fn)
+
+
+@triton.jit
+def _copy(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs))
+
+
+def _one_config(block, warps=4):
+    return triton.autotune(configs=[triton.Config({"BLOCK": block}, num_warps=warps)], key=[])(_copy)
+
+
+def test_autotuners_of_one_function_and_first_config_share_an_answer():
+    # torch wraps a kernel launched with num_warps/num_stages in a new autotuner at every call site
+    calls, analyse = counting()
+    args = {"x_ptr": torch.empty(2), "y_ptr": torch.empty(2)}
+    for _ in range(3):
+        analyse(_one_config(16), args, {})
+    analyse(_one_config(16, warps=8), args, {})  # the analysis reads the config's arguments only
+    assert len(calls) == 1
+    analyse(_one_config(32), args, {})
+    analyse(_copy, args, {})
+    analyse(triton.autotune(configs=[], key=[])(_copy), args, {})
+    assert len(calls) == 4
