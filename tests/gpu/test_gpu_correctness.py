@@ -279,3 +279,10 @@ def test_head_to_head_with_its_alternatives_compiled_ahead():
         h2h = runner.head_to_head(expr, Config.of(library="mm"))
         assert runner.watch.spent["alternatives"] > 0  # compiled ahead, and it worked
     assert "torch.compile" in h2h["alternatives"] and not h2h["compile_error"] and h2h["ours_ms"] > 0
+
+
+def test_torch_compile_warmed_up_as_a_second_worker_does():
+    """What the head-to-head's worker runs as its session starts: a tiny torch.compile, compiled and run."""
+    from tritune.tuner.worker import candidate
+
+    assert candidate.warm_compiler()["compile_s"] > 0

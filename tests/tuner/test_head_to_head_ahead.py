@@ -2,6 +2,7 @@
 second worker while the search measures in the first, and the prior learned while the space is
 enumerated. Real worker processes with stand-in handlers (tests/helpers/fake_worker.py); no GPU, no clocks."""
 import threading
+from functools import partial
 
 import numpy as np
 import pytest
@@ -15,6 +16,8 @@ from tritune.records.database import Database
 from tritune.schedules.config import Config
 from tritune.search import make_strategy
 from tritune.tuner import run as tuning
+from tritune.tuner.cli import make_expr
+from tritune.tuner.gpus import start
 from tritune.tuner.gpus.start import TuneOptions
 from tritune.tuner.worker.local import LocalRunner
 from tritune.tuner.worker.runners import Runners
@@ -33,6 +36,16 @@ def test_the_head_to_head_runs_in_the_second_worker_on_what_it_compiled_ahead():
         assert h2h["pid"] == runner._judge._proc.pid and runner.watch.spent["alternatives"] == 0.5
         other = Matmul(512, 256, 256)
         assert not runner.head_to_head(other, MM)["ready"]  # not prepared: compiled at the end, as before
+
+
+def test_the_second_worker_warms_torch_compile_up_as_it_starts_before_compiling_alternatives():
+    with LocalRunner(handlers=fake_worker.ahead_handlers, judge=True) as runner:
+        runner.start()
+        runner.prepare_head_to_head(EXPR)
+        assert runner.head_to_head(EXPR, MM)["warm before"]
+    with LocalRunner(handlers=fake_worker.ahead_handlers, judge=True) as runner:
+        runner.prepare_head_to_head(EXPR)  # never started: no session start to warm up in
+        assert not runner.head_to_head(EXPR, MM)["warm before"]
 
 
 def test_without_a_second_worker_the_measuring_one_compares():
@@ -67,6 +80,23 @@ def test_a_run_compiles_the_alternatives_ahead_and_reports_the_parts_outside_the
     assert out["trials"] == 12 and times["alternatives compiled ahead (second worker)"] == 0.5
     parts = times["space and prior (before the loop)"] + times["head-to-head (after the loop)"]
     assert 0 <= parts <= times["outside the loop (space, prior, head-to-head)"] + 0.1
+
+
+@pytest.mark.system
+def test_the_next_workloads_strategy_is_built_during_the_head_to_head_with_every_earlier_trial(monkeypatch, tmp_path):
+    monkeypatch.setattr(start, "LocalRunner", partial(LocalRunner, handlers=fake_worker.session_handlers))
+    monkeypatch.setattr(start, "Builder", lambda *args, **kwargs: FakeBuilder())
+    exprs = [make_expr("matmul", shape, "fp16") for shape in ("128", "64,128,128", "64")]
+    built, real = [], tuning._strategy
+
+    def strategy(task, db, options):  # which thread built it, and the trials its prior could see
+        built.append((threading.current_thread().name, task.expr.key, sum(db.count(e.key, task.device) for e in exprs)))
+        return real(task, db, options)
+    monkeypatch.setattr(tuning, "_strategy", strategy)
+    out = tuning.tune_all(exprs, Database(tmp_path / "t.db"), TuneOptions(trials=8, batch_size=8))
+    assert [o["trials"] for o in out] == [8, 8, 8]
+    assert [(key, seen) for _, key, seen in built] == [(exprs[0].key, 0), (exprs[1].key, 8), (exprs[2].key, 16)]
+    assert [name.startswith("tritune-strategy-ahead") for name, _, _ in built] == [False, True, True]
 
 
 def test_a_prior_learned_in_a_thread_beside_the_space_proposes_the_same(tmp_path):

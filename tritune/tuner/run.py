@@ -6,8 +6,9 @@ which the CLI implements for the terminal (`cli.display.Terminal`); the Python A
 nothing."""
 from __future__ import annotations
 
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from typing import Any, Callable, Sequence
@@ -72,16 +73,59 @@ def tune_all(exprs: Sequence[Any], db: Database, options: TuneOptions, trials: S
     tasks = [device_task(expr, runner.device_info()) for expr in exprs]
     spaces = [None] + _enumerate_ahead(tasks[1:], builder)
 
-    def one(i: int, group: Runner) -> dict:
-        if announce is not None:
-            announce(i, tasks[i].expr, budgets[i])
-        if spaces[i] is not None:
-            _take_valid(tasks[i], spaces[i])
-        with Database(db.path, checked=True) as own:  # SQLite: a connection per thread
-            return tune(tasks[i].expr, own, replace(options, trials=budgets[i]), (group, builder), tasks[i], report)
+    with StrategiesAhead(tasks, spaces, db.path, options) as ahead:
+        def one(i: int, group: Runner) -> dict:
+            if announce is not None:
+                announce(i, tasks[i].expr, budgets[i])
+            built = ahead.claim(i)
+            if spaces[i] is not None:
+                _take_valid(tasks[i], spaces[i])
+            with Database(db.path, checked=True) as own:  # SQLite: a connection per thread
+                return tune(tasks[i].expr, own, replace(options, trials=budgets[i]), (group, builder), tasks[i],
+                            report, built=built, judging=lambda: ahead.build_after(i))
 
-    with report.running():
-        return spread(one, budgets, runner.each)
+        with report.running():
+            return spread(one, budgets, runner.each)
+
+
+class StrategiesAhead:
+    """The next workload's strategy, its prior learned (a second or so of XGBoost per workload),
+    built in a thread while an earlier workload's head-to-head runs on the GPU (`build_after`),
+    rather than when the workload starts. Built then, the prior holds every trial it would have
+    held at the workload's start on one GPU (the earlier workload's search is over); with several
+    GPUs, it misses what the others stored in the seconds between. `claim` takes a workload as
+    it starts: its strategy's future where one was built (else None: it builds its own)."""
+
+    def __init__(self, tasks: Sequence[Task], spaces: Sequence[Any], db_path: Any, options: TuneOptions) -> None:
+        self._tasks, self._spaces, self._db_path, self._options = tasks, spaces, db_path, options
+        self._started: set[int] = set()
+        self._built: dict[int, Future] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tritune-strategy-ahead")
+
+    def claim(self, i: int) -> Future | None:
+        with self._lock:
+            self._started.add(i)
+            return self._built.pop(i, None)
+
+    def build_after(self, i: int) -> None:
+        """Workload i's search is over: build the next one not started nor built yet."""
+        with self._lock:
+            j = next((k for k in range(i + 1, len(self._tasks)) if k not in self._started | set(self._built)), None)
+            if j is not None:
+                self._built[j] = self._pool.submit(self._build, j)
+
+    def _build(self, j: int) -> Strategy | None:
+        if self._spaces[j] is not None:
+            _take_valid(self._tasks[j], self._spaces[j])
+        with Database(self._db_path, checked=True) as db:
+            return _strategy(self._tasks[j], db, self._options)
+
+    def __enter__(self) -> "StrategiesAhead":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def valid_indices(task: Task) -> Any:
@@ -104,10 +148,12 @@ def _take_valid(task: Task, future: Any) -> None:
 
 
 def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Builder] | None = None,
-         task: Task | None = None, report: Report = SILENT) -> dict:
+         task: Task | None = None, report: Report = SILENT, built: Future | None = None,
+         judging: Callable[[], None] = lambda: None) -> dict:
     """Tune `expr`, judge its best against the alternatives, and return the summary numbers; `gpu`
     is a started `gpu_session` to reuse (else one is started for this workload alone), `task` the
-    expression's task on that GPU where already made."""
+    expression's task on that GPU where already made, `built` its strategy being built ahead
+    (`StrategiesAhead`); `judging` runs as the head-to-head starts."""
     if gpu is None:
         with gpu_session(options) as started:
             return tune(expr, db, options, started, task, report)
@@ -117,7 +163,7 @@ def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Build
     runner.prepare_head_to_head(expr)  # the GPU's second worker compiles the alternatives meanwhile
     task = task or device_task(expr, runner.device_info())
     with watch("space and prior"):
-        strategy = _strategy(task, db, options)
+        strategy = built.result() if built is not None else _strategy(task, db, options)
     if strategy is None:
         report.note(f"{expr.describe()}: no config of the space can run on this GPU", problem=True)
         return {"workload": expr.to_dict(), "trials": 0, "best_config": None, "space_valid": 0}
@@ -129,6 +175,7 @@ def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Build
         report.note("no candidate ran correctly", problem=True)
         return {"workload": expr.to_dict(), "trials": len(history), "best_config": None,
                 "space_valid": len(task.space.valid_indices)}
+    judging()
     with watch("head-to-head"):
         h2h = runner.head_to_head(expr, best.config)
     best, h2h = _judge(db, task, history, best, h2h)

@@ -45,6 +45,7 @@ def gpu_handlers(timing: Timing) -> dict[str, Callable[[dict], Any]]:
         "torch": lambda p: candidate.measure_torch(p["expr"], p["seed"], timing),
         "head_to_head": lambda p: candidate.head_to_head(p["expr"], p["config"], p["seed"]),
         "prepare": lambda p: candidate.prepare_alternatives(p["expr"], p["seed"]),
+        "warm": lambda p: candidate.warm_compiler(),
     }
 
 
@@ -149,6 +150,7 @@ class LocalRunner(OneRunner):
         # the one thread that asks the second worker, in order: a head-to-head after the compiles
         # asked for before it, and no caller waits for a compile it did not ask the result of
         self._judge_queue = ThreadPoolExecutor(1, thread_name_prefix="tritune-head-to-head") if judge else None
+        self._judge_warmed = False  # asked to pay torch.compile's one-time costs (once, as it starts)
 
     @property
     def on_gpu(self) -> bool:
@@ -176,12 +178,17 @@ class LocalRunner(OneRunner):
 
     def start(self) -> None:
         """Start the worker (and the head-to-head's) without waiting for it to come up (the first
-        request waits), so that its CUDA start overlaps the parent's own preparations."""
+        request waits), so that its CUDA start overlaps the parent's own preparations; the
+        head-to-head's then pays torch.compile's one-time costs (`candidate.warm_compiler`) while
+        the session starts, before the first workload's alternatives are asked of it."""
         with self._lock:
             if self._proc is None:
                 self._spawn()
         if self._judge is not None:
             self._judge.start()
+            if not self._judge_warmed:
+                self._judge_warmed = True
+                self._judge_queue.submit(self._judge._warm)
 
     def _spawn(self) -> None:
         self._starts += 1
@@ -318,6 +325,13 @@ class LocalRunner(OneRunner):
         if self._judge is not None:
             self._judge.start()  # coming up while the search starts, if not up yet
             self._judge_queue.submit(self._judge._prepare, expr, self.watch)
+
+    def _warm(self) -> None:
+        """Ask this worker to warm torch.compile up (a failure leaves that to the first compile)."""
+        try:
+            self._checked("warm", {})
+        except (WorkerDied, RuntimeError):
+            pass
 
     def _prepare(self, expr: Any, watch: Stopwatch) -> None:
         """Ask this worker to compile `expr`'s alternatives (a failure leaves them to the head-to-head)."""
