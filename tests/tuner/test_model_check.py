@@ -93,6 +93,30 @@ def test_without_a_gpu_the_check_says_so_once_per_mode_and_stores_nothing(tmp_pa
         assert "graph_verdicts" not in db._db.table_names()
 
 
+def test_a_check_process_leaves_without_finalising_once_its_result_is_written(tmp_path, monkeypatch):
+    """Its parent joins it before the next mode is timed: it ends as the GPU workers do
+    (`lifeline.leave`), not by finalising torch, Triton and a CUDA context."""
+    from tritune.tuner.model import subject
+
+    out, events = tmp_path / "r.json", []
+
+    class Conn:
+        def recv(self):
+            return "go"
+
+        def send(self, what):
+            events.append(what)
+
+    def no_gpu(*args):
+        raise RuntimeError("no CUDA GPU")
+    monkeypatch.setattr(model_check, "bind_to_parent", lambda parent: None)
+    monkeypatch.setattr(model_check.os, "nice", lambda n: 0)
+    monkeypatch.setattr(subject, "load_subject", no_gpu)
+    monkeypatch.setattr(model_check, "leave", lambda: events.append(("left", out.exists())))
+    model_check._child(os.getpid(), Conn(), "m.py:f", [], None, "fp16", str(tmp_path / "t.db"), "default", 3, str(out))
+    assert events == ["compiled", ("left", True)]
+
+
 def test_paired_ratio_takes_each_round_as_a_pair():
     # the host slowed down in rounds 2 and 4 for both: the ratio of each pair holds
     ours, theirs = [0.9, 1.8, 0.9, 1.8, 0.9], [1.0, 2.0, 1.0, 2.0, 1.0]

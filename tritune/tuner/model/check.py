@@ -26,7 +26,7 @@ from tritune.records.dispatch import graph_mode
 from tritune.records.result import DeviceKey
 from tritune.tuner.breakdown import Stopwatch
 from tritune.tuner.timing import gpu_ms_per_call, in_turns, paired_ratio, per_call_ms
-from tritune.tuner.worker.lifeline import bind_to_parent, start_lasting
+from tritune.tuner.worker.lifeline import bind_to_parent, leave, start_lasting
 
 MODES = ("default", "reduce-overhead")  # torch.compile's modes the check measures
 # the tuned kernels keep a graph only when it is this much faster than Inductor's: a tie is Inductor's
@@ -196,6 +196,7 @@ def _child(parent: int, conn: Any, spec: str, input_shapes: list[str], decode: s
                 result["out_of_memory"] = True
         result["seconds"] = {**start, **result.get("seconds", {})}
         Path(out).write_text(json.dumps(result))
+    leave()  # the parent joins it before timing the next mode: no finalising torch, Triton and CUDA
 
 
 def _wait(conn: Any) -> None:
