@@ -113,8 +113,10 @@ def warm_bytecode() -> None:
     installed packages exists before the first step: pip writes it at install, but a host image
     without it made the first command of a run compile it (about 20 s of a decode step's
     tune-model). The caches the steps start empty are the compilers' (Triton, Inductor, tritune)."""
-    code = "import importlib\nfor m in %r:\n    try:\n        importlib.import_module(m)\n    except ImportError:\n        pass" % (IMPORTED,)
-    subprocess.run([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    code = ("import importlib, sys\nfor name in sys.argv[1:]:\n    try:\n        importlib.import_module(name)\n"
+            "    except ImportError:\n        pass\n")
+    subprocess.run([sys.executable, "-c", code, *IMPORTED], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   check=False)
 
 
 def tune_cli(args: Sequence[str]) -> list[str]:
