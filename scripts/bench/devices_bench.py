@@ -110,9 +110,10 @@ IMPORTED = ("torch._dynamo", "torch._inductor.compile_fx", "triton", "transforme
 
 def warm_bytecode() -> None:
     """Import what the commands import in a process of its own, so that Python's bytecode of the
-    installed packages exists before the first step: pip writes it at install, but a host image
-    without it made the first command of a run compile it (about 20 s of a decode step's
-    tune-model). The caches the steps start empty are the compilers' (Triton, Inductor, tritune)."""
+    installed packages exists before the first step: pip writes it at install, but on a host image
+    without it the first step alone compiled it (a decoder's capture took 3.7 s more in a first
+    process), and steps compared in one run must start alike. The caches the steps start empty
+    are the compilers' (Triton, Inductor, tritune)."""
     code = ("import importlib, sys\nfor name in sys.argv[1:]:\n    try:\n        importlib.import_module(name)\n"
             "    except ImportError:\n        pass\n")
     subprocess.run([sys.executable, "-c", code, *IMPORTED], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
