@@ -78,7 +78,7 @@ def tune_all(exprs: Sequence[Any], db: Database, options: TuneOptions, trials: S
             if announce is not None:
                 announce(i, tasks[i].expr, budgets[i])
             built = ahead.claim(i)
-            if spaces[i] is not None:
+            if built is None and spaces[i] is not None:  # a strategy built ahead took its space already
                 _take_valid(tasks[i], spaces[i])
             with Database(db.path, checked=True) as own:  # SQLite: a connection per thread
                 return tune(tasks[i].expr, own, replace(options, trials=budgets[i]), (group, builder), tasks[i],
@@ -111,7 +111,8 @@ class StrategiesAhead:
     def build_after(self, i: int) -> None:
         """Workload i's search is over: build the next one not started nor built yet."""
         with self._lock:
-            j = next((k for k in range(i + 1, len(self._tasks)) if k not in self._started | set(self._built)), None)
+            taken = self._started | self._built.keys()
+            j = next((k for k in range(i + 1, len(self._tasks)) if k not in taken), None)
             if j is not None:
                 self._built[j] = self._pool.submit(self._build, j)
 

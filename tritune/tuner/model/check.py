@@ -189,7 +189,7 @@ def _child(parent: int, conn: Any, spec: str, input_shapes: list[str], decode: s
         try:
             if isinstance(tuned, Exception):
                 raise tuned
-            result = {"mode": mode, **_measure(model, mode, rounds, early, tuned)}
+            result = {"mode": mode, **_measure(mode, rounds, early, tuned)}
         except Exception as exc:  # noqa: BLE001 - reported as the mode's failure
             result = {"mode": mode, "error": str(exc) if model is None else first_line(exc)}
             if "out of memory" in str(exc).lower():  # torch's OutOfMemoryError, or a build that met it
@@ -247,10 +247,9 @@ def _tuned(model: Any, db_path: str, mode: str) -> _Tuned | Exception:
         return exc
 
 
-def _measure(model: Any, mode: str, rounds: int, inductor: tuple, tuned: _Tuned) -> dict:
+def _measure(mode: str, rounds: int, inductor: tuple, tuned: _Tuned) -> dict:
     """Inductor (`inductor`: its step caller, outputs and compile seconds, compiled ahead) and the
-    tuned kernels (`tuned`) in one mode, on the model (a `subject.Subject`): checked against each
-    other, timed in turns."""
+    tuned kernels (`tuned`) in one mode: checked against each other, timed in turns."""
     from torch._dynamo.utils import counters
 
     from tritune.kernels.device import device_info
