@@ -1,6 +1,7 @@
 """Worker handlers that misbehave on purpose, for testing the runner's isolation on a CPU."""
 import os
 import time
+from pathlib import Path
 
 from fakes import fake_head_to_head
 from tritune.records.result import Status
@@ -90,6 +91,18 @@ def ahead_handlers(timing):
         return {**fake_head_to_head(payload), "pid": os.getpid(), "ready": ready,
                 "warm before": _prepared.get("warm before", False)}
     return {**session_handlers(timing), "prepare": prepare, "warm": warm, "head_to_head": answer}
+
+
+def slow_warm_handlers(timing):
+    """As ahead_handlers, but the warm-up touches the file named by FAKE_WARMING and then lasts until
+    the file named by FAKE_WORKER_GO exists (at most a minute), as torch.compile's takes seconds."""
+    def slow_warm(payload):
+        Path(os.environ["FAKE_WARMING"]).touch()
+        deadline = time.time() + 60
+        while not os.path.exists(os.environ["FAKE_WORKER_GO"]) and time.time() < deadline:
+            time.sleep(0.02)
+        return warm(payload)
+    return {**ahead_handlers(timing), "warm": slow_warm}
 
 
 def gated_session_handlers(timing):

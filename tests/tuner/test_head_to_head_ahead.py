@@ -48,6 +48,27 @@ def test_the_second_worker_warms_torch_compile_up_as_it_starts_before_compiling_
         assert not runner.head_to_head(EXPR, MM)["warm before"]
 
 
+def test_a_workload_starting_while_the_second_worker_warms_up_is_not_held_up(monkeypatch, tmp_path):
+    """The second worker's lock is held for its whole warm-up: a workload asking it to compile its
+    alternatives meanwhile queues that and goes on to its search (it once waited out the warm-up)."""
+    warming, go = tmp_path / "warming", tmp_path / "go"
+    monkeypatch.setenv("FAKE_WARMING", str(warming))
+    monkeypatch.setenv("FAKE_WORKER_GO", str(go))
+    with LocalRunner(handlers=fake_worker.slow_warm_handlers, judge=True) as runner:
+        runner.start()
+        for _ in range(3000):  # the warm-up has begun in the second worker (at most a minute)
+            if warming.exists():
+                break
+            threading.Event().wait(0.02)
+        asked = threading.Thread(target=runner.prepare_head_to_head, args=(EXPR,), daemon=True)
+        asked.start()
+        asked.join(10)
+        returned = not asked.is_alive()
+        go.touch()
+        assert warming.exists() and returned
+        assert runner.head_to_head(EXPR, MM)["ready"]  # prepared after the warm-up, in order
+
+
 def test_without_a_second_worker_the_measuring_one_compares():
     with LocalRunner(handlers=fake_worker.ahead_handlers) as runner:
         runner.prepare_head_to_head(EXPR)  # nothing to prepare in

@@ -181,9 +181,13 @@ class LocalRunner(OneRunner):
         request waits), so that its CUDA start overlaps the parent's own preparations; the
         head-to-head's then pays torch.compile's one-time costs (`candidate.warm_compiler`) while
         the session starts, before the first workload's alternatives are asked of it."""
-        with self._lock:
-            if self._proc is None:
-                self._spawn()
+        # a worker already spawned is not waited on: its lock is held for a whole request (seconds
+        # of a head-to-head's compiles, or of the second worker's warm-up as it starts), and a
+        # workload that starts meanwhile only wants it coming up
+        if self._proc is None:
+            with self._lock:
+                if self._proc is None:
+                    self._spawn()
         if self._judge is not None:
             self._judge.start()
             if not self._judge_warmed:
