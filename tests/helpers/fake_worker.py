@@ -105,6 +105,17 @@ def slow_warm_handlers(timing):
     return {**ahead_handlers(timing), "warm": slow_warm}
 
 
+def gated_head_to_head_handlers(timing):
+    """As session_handlers, but the head-to-head answers only once the file named by FAKE_WORKER_GO
+    exists (at most 20 s late)."""
+    def answer(payload):
+        deadline = time.time() + 20
+        while not os.path.exists(os.environ["FAKE_WORKER_GO"]) and time.time() < deadline:
+            time.sleep(0.02)
+        return fake_head_to_head(payload)
+    return {**session_handlers(timing), "head_to_head": answer}
+
+
 def gated_session_handlers(timing):
     """As session_handlers, but the worker answers its handshake only once the file named by
     FAKE_WORKER_GO exists (at most a minute late), as a real worker answers seconds after its start."""

@@ -120,6 +120,32 @@ def test_the_next_workloads_strategy_is_built_during_the_head_to_head_with_every
     assert [name.startswith("tritune-strategy-ahead") for name, _, _ in built] == [False, True, True]
 
 
+@pytest.mark.system  # a tuning run over stand-in GPU worker processes
+def test_the_next_workload_searches_while_the_last_ones_head_to_head_runs(monkeypatch, tmp_path):
+    """The head-to-head is queued in the GPU's second worker, then the workload gives its GPU back:
+    the next one starts at once. Here the first head-to-head answers only once the second workload
+    has started (else 20 s late, and the order below fails)."""
+    go = tmp_path / "go"
+    monkeypatch.setenv("FAKE_WORKER_GO", str(go))
+    monkeypatch.setattr(start, "LocalRunner", partial(LocalRunner, handlers=fake_worker.gated_head_to_head_handlers))
+    monkeypatch.setattr(start, "Builder", lambda *args, **kwargs: FakeBuilder())
+    exprs = [make_expr("matmul", shape, "fp16") for shape in ("128", "64")]
+    events = []
+
+    class Told(tuning.Report):
+        def finished(self, expr, best, h2h, gpu):
+            events.append(("finished", expr.key))
+
+    def announce(i, expr, trials):
+        events.append(("started", expr.key))
+        if i == 1:
+            go.touch()
+    out = tuning.tune_all(exprs, Database(tmp_path / "t.db"), TuneOptions(trials=8, batch_size=8), announce=announce,
+                          report=Told())
+    assert [o["trials"] for o in out] == [8, 8] and all(o["best_config"] for o in out)
+    assert events.index(("started", exprs[1].key)) < events.index(("finished", exprs[0].key))
+
+
 def test_a_prior_learned_in_a_thread_beside_the_space_proposes_the_same(tmp_path):
     rng = np.random.default_rng(0)
     configs = SPACE.sample(rng, 64)

@@ -26,7 +26,7 @@ def scripted(script):
     each when the test says (`script[i]`: an event, or a device to lose)."""
     seen = {}
 
-    def run(i, group):
+    def run(i, group, release):
         seen.setdefault(i, []).append([r.name for r in group.each])
         step = script[i].pop(0) if isinstance(script[i], list) else script[i]
         if isinstance(step, Device):
@@ -56,6 +56,55 @@ def test_each_device_takes_the_next_workload_and_free_ones_join_the_last():
     thread.join(10)
     assert out == [["done 0", "done 1", "done 2"]]
     assert seen[0][-1] == ["a", "b"]  # with none waiting, the free device joined the last one running
+
+
+def test_a_workload_that_gives_its_runner_back_lets_the_next_start_before_it_ends():
+    devices = [Device("a")]
+    searched, judged = threading.Event(), threading.Event()
+    began = []
+
+    def run(i, group, release):
+        began.append(i)
+        if i == 0:
+            searched.wait(10)
+            release()  # its search is over: what is left (the head-to-head) needs no runner
+            release()  # said twice: counted once
+            judged.wait(10)
+        return f"done {i}"
+    out = []
+    thread = threading.Thread(target=lambda: out.append(spread(run, [2, 1, 1], devices)))
+    thread.start()
+    eventually(lambda: began == [0])
+    searched.set()
+    eventually(lambda: began == [0, 1, 2])  # the next ones ran on the runner while 0 was still judging
+    assert not out
+    judged.set()
+    thread.join(10)
+    assert out == [["done 0", "done 1", "done 2"]]
+
+
+def test_no_runner_is_lent_to_a_workload_that_gave_its_own_back():
+    devices = [Device("a"), Device("b")]
+    released, judged = threading.Event(), threading.Event()
+    groups = {}
+
+    def run(i, group, release):
+        groups[i] = group
+        if i == 0:
+            release()
+            released.set()
+            judged.wait(10)
+        else:
+            released.wait(10)
+        return f"done {i}"
+    out = []
+    thread = threading.Thread(target=lambda: out.append(spread(run, [2, 1], devices)))
+    thread.start()
+    eventually(lambda: len(out) == 0 and 1 in groups and released.is_set())
+    threading.Event().wait(0.5)  # the scheduler's turn to hand the freed runners out
+    judged.set()
+    thread.join(10)
+    assert out == [["done 0", "done 1"]] and [r.name for r in groups[0].each] == ["a"]
 
 
 def test_a_workload_whose_device_is_lost_goes_back_and_none_left_is_device_lost():

@@ -74,7 +74,7 @@ def tune_all(exprs: Sequence[Any], db: Database, options: TuneOptions, trials: S
     spaces = [None] + _enumerate_ahead(tasks[1:], builder)
 
     with StrategiesAhead(tasks, spaces, db.path, options) as ahead:
-        def one(i: int, group: Runner) -> dict:
+        def one(i: int, group: Runner, release: Callable[[], None]) -> dict:
             if announce is not None:
                 announce(i, tasks[i].expr, budgets[i])
             built = ahead.claim(i)
@@ -82,7 +82,7 @@ def tune_all(exprs: Sequence[Any], db: Database, options: TuneOptions, trials: S
                 _take_valid(tasks[i], spaces[i])
             with Database(db.path, checked=True) as own:  # SQLite: a connection per thread
                 return tune(tasks[i].expr, own, replace(options, trials=budgets[i]), (group, builder), tasks[i],
-                            report, built=built, judging=lambda: ahead.build_after(i))
+                            report, built=built, judging=lambda: ahead.build_after(i), release=release)
 
         with report.running():
             return spread(one, budgets, runner.each)
@@ -150,11 +150,13 @@ def _take_valid(task: Task, future: Any) -> None:
 
 def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Builder] | None = None,
          task: Task | None = None, report: Report = SILENT, built: Future | None = None,
-         judging: Callable[[], None] = lambda: None) -> dict:
+         judging: Callable[[], None] = lambda: None, release: Callable[[], None] = lambda: None) -> dict:
     """Tune `expr`, judge its best against the alternatives, and return the summary numbers; `gpu`
     is a started `gpu_session` to reuse (else one is started for this workload alone), `task` the
     expression's task on that GPU where already made, `built` its strategy being built ahead
-    (`StrategiesAhead`); `judging` runs as the head-to-head starts."""
+    (`StrategiesAhead`); `judging` runs as the head-to-head starts, `release` once it is queued
+    (`spread` then starts the next workload on the runners: the head-to-head runs in their second
+    worker, beside the next search's first compiles)."""
     if gpu is None:
         with gpu_session(options) as started:
             return tune(expr, db, options, started, task, report)
@@ -178,7 +180,9 @@ def tune(expr: Any, db: Database, options: TuneOptions, gpu: tuple[Runner, Build
                 "space_valid": len(task.space.valid_indices)}
     judging()
     with watch("head-to-head"):
-        h2h = runner.head_to_head(expr, best.config)
+        queued = runner.queue_head_to_head(expr, best.config)
+        release()
+        h2h = queued.result()
     best, h2h = _judge(db, task, history, best, h2h)
     report.finished(expr, best, h2h, task.device.gpu)
     spent = [w.since(b) for w, b in zip((runner.watch, builder.watch), before)]

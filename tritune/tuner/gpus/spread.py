@@ -20,22 +20,36 @@ from tritune.tuner.worker.local import DeviceLost
 from tritune.tuner.worker.runners import Runners
 
 
-def spread(run: Callable[[int, Runners], Any], sizes: Sequence[float], runners: Sequence[Any]) -> list[Any]:
+# what a workload's thread puts in the queue when it gives its runners back before it ends
+_RELEASED = object()
+
+
+def spread(run: Callable[[int, Runners, Callable[[], None]], Any], sizes: Sequence[float],
+           runners: Sequence[Any]) -> list[Any]:
     """Run workloads 0..len(sizes)-1 (callers order them largest first; `sizes` weigh who gets a runner
-    that comes free) over `runners`, each as `run(i, group)` in a thread of its own with a group of
-    runners of its own; their results in order. A workload whose runners were all lost goes back to
-    the front of the queue (it resumes from what it stored); DeviceLost once no runner is left."""
+    that comes free) over `runners`, each as `run(i, group, release)` in a thread of its own with a
+    group of runners of its own; their results in order. A workload may `release()` its runners
+    before it ends (its search is over and what is left of it needs none of theirs): the next
+    workload starts on them meanwhile. A workload whose runners were all lost goes back to the
+    front of the queue (it resumes from what it stored); DeviceLost once no runner is left."""
     pending, running, free = deque(range(len(sizes))), {}, list(runners)
+    released: set[int] = set()  # running workloads that gave their runners back
     results: list[Any] = [None] * len(sizes)
     finished: queue.Queue = queue.Queue()
     lost: DeviceLost | None = None
     while pending or running:
-        _place(pending, running, free, sizes, run, finished)
+        _place(pending, running, free, sizes, run, finished, released)
         if not running:
             raise lost or DeviceLost(Status.CRASH, "every GPU was lost")
         i, outcome = _next(finished)
+        if outcome is _RELEASED:
+            released.add(i)
+            free.extend(r for r in running[i].each if not r.lost)
+            continue
         group = running.pop(i)
-        free.extend(r for r in group.each if not r.lost)
+        if i not in released:
+            free.extend(r for r in group.each if not r.lost)
+        released.discard(i)
         if isinstance(outcome, DeviceLost):
             pending.appendleft(i)
             lost = outcome
@@ -47,22 +61,30 @@ def spread(run: Callable[[int, Runners], Any], sizes: Sequence[float], runners: 
 
 
 def _place(pending: deque, running: dict[int, Runners], free: list, sizes: Sequence[float],
-           run: Callable[[int, Runners], Any], finished: queue.Queue) -> None:
+           run: Callable[[int, Runners, Callable[[], None]], Any], finished: queue.Queue, released: set[int]) -> None:
     """Give each free runner the next waiting workload; with none waiting, lend it to the running
-    workload with the fewest live runners (the largest of those)."""
+    workload still searching with the fewest live runners (the largest of those)."""
     while pending and free:
         i = pending.popleft()
         running[i] = group = Runners([free.pop(0)])
         threading.Thread(target=_run_one, args=(run, i, group, finished), daemon=True,
                          name=f"tritune-workload-{i}").start()
-    while free and running and not pending:
-        i = min(running, key=lambda j: (sum(not r.lost for r in running[j].each), -sizes[j], j))
+    searching = [j for j in running if j not in released]
+    while free and searching and not pending:
+        i = min(searching, key=lambda j: (sum(not r.lost for r in running[j].each), -sizes[j], j))
         running[i].lend(free.pop(0))
 
 
-def _run_one(run: Callable[[int, Runners], Any], i: int, group: Runners, finished: queue.Queue) -> None:
+def _run_one(run: Callable[[int, Runners, Callable[[], None]], Any], i: int, group: Runners,
+             finished: queue.Queue) -> None:
+    given_back = threading.Event()
+
+    def release() -> None:
+        if not given_back.is_set():
+            given_back.set()
+            finished.put((i, _RELEASED))
     try:
-        outcome = run(i, group)
+        outcome = run(i, group, release)
     except BaseException as exc:  # noqa: BLE001 - handed to the scheduling thread, which raises it
         outcome = exc
     finished.put((i, outcome))

@@ -10,7 +10,7 @@ import os
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any, Callable
@@ -317,10 +317,23 @@ class LocalRunner(OneRunner):
         (`timing.COMPARE` budgets): in the second worker where there is one, after the compiles
         asked of it ahead (`prepare_head_to_head`), else, or once it is gone, in this one."""
         if self._judge is not None and not self._judge.lost:
-            try:
-                return self._judge_queue.submit(self._judge.head_to_head, expr, config).result()
-            except WorkerDied:
-                pass  # the second worker crashed or could not start: the measuring one compares
+            return self.queue_head_to_head(expr, config).result()
+        return self._compare_here(expr, config)
+
+    def queue_head_to_head(self, expr: Any, config: Config) -> Future:
+        """`head_to_head`, queued in the second worker behind the compiles asked of it before, and
+        ahead of any asked after (the next workload's, which would drop this one's); its future."""
+        if self._judge is not None and not self._judge.lost:
+            return self._judge_queue.submit(self._compare, expr, config)
+        return super().queue_head_to_head(expr, config)
+
+    def _compare(self, expr: Any, config: Config) -> dict:
+        try:
+            return self._judge.head_to_head(expr, config)
+        except WorkerDied:  # the second worker crashed or could not start: the measuring one compares
+            return self._compare_here(expr, config)
+
+    def _compare_here(self, expr: Any, config: Config) -> dict:
         return self._checked("head_to_head", {"expr": expr, "config": config, "seed": self.seed})
 
     def prepare_head_to_head(self, expr: Any) -> None:

@@ -5,6 +5,7 @@ the recorded runner that replays stored timings (`tuner.recordings.RecordedRunne
 stand-ins; `tests/tuner/test_runner_protocol.py` holds each of them to it."""
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from tritune.records.result import MeasureResult
@@ -42,6 +43,10 @@ class Runner(Protocol):
 
     def head_to_head(self, expr: Any, config: Config) -> dict:
         """The tuned best against every alternative of the expression, timed in turns."""
+
+    def queue_head_to_head(self, expr: Any, config: Config) -> Future:
+        """`head_to_head` as a future, queued before the call returns where the runner has a queue
+        for it (the workload's runners may then measure the next workload's candidates meanwhile)."""
 
     def prepare_head_to_head(self, expr: Any) -> None:
         """Start compiling the head-to-head's alternatives while the search runs (where it can)."""
@@ -83,6 +88,15 @@ class OneRunner:
 
     def unlisten(self, listener: Callable[[Any], None]) -> None:
         """Nothing was listening."""
+
+    def queue_head_to_head(self, expr: Any, config: Config) -> Future:
+        """Nothing to queue it in: `head_to_head` runs now, its result (or what it raised) a done future."""
+        done: Future = Future()
+        try:
+            done.set_result(self.head_to_head(expr, config))  # type: ignore[attr-defined]
+        except BaseException as exc:  # noqa: BLE001 - the caller's .result() raises it
+            done.set_exception(exc)
+        return done
 
     def prepare_head_to_head(self, expr: Any) -> None:
         """Nothing compiled ahead: the head-to-head compiles its alternatives when it runs."""

@@ -3,6 +3,7 @@ hosts of a cluster, measured on together."""
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 from typing import Any, Callable
 
 from tritune.records.result import MeasureResult
@@ -76,6 +77,10 @@ class Runners:
     def head_to_head(self, expr: Any, config: Config) -> dict:
         """The end-of-run comparison, on the first device."""
         return self._first().head_to_head(expr, config)
+
+    def queue_head_to_head(self, expr: Any, config: Config) -> Future:
+        """The end-of-run comparison queued on the first device; its future."""
+        return self._first().queue_head_to_head(expr, config)
 
     def prepare_head_to_head(self, expr: Any) -> None:
         """Compile the head-to-head's alternatives ahead, on the device that will run it."""
