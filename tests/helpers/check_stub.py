@@ -9,12 +9,12 @@ from pathlib import Path
 
 def child(parent, conn, spec, input_shapes, decode, dtype, db_path, mode, rounds, out):
     seconds, _, fail = spec.partition(":")
-    heard = {"started": time.time()}
-    conn.recv()  # go
+    heard = {"started": time.time(), "words": [conn.recv()]}  # go
     heard["go"] = time.time()
+    (Path(out).parent / f"went-{mode}").touch()
     time.sleep(float(seconds))  # compiling with the tuned kernels
     conn.send("compiled")
-    conn.recv()  # time
+    heard["words"].append(conn.recv())  # time
     heard["time"] = time.time()
     time.sleep(float(seconds))  # timing in turns
     heard["timed"] = time.time()

@@ -162,6 +162,23 @@ def test_the_modes_compile_at_once_and_time_one_after_another(tmp_path, monkeypa
 
 
 @pytest.mark.system
+def test_the_modes_may_start_compiling_before_the_check_is_finished(tmp_path, monkeypatch):
+    """tune-model lets the compiles start as the last verdict is stored, before its session ends;
+    `finish` then only waits for them (each child is told to go once)."""
+    import check_stub
+
+    monkeypatch.setattr(model_check, "_child", check_stub.child)
+    with model_check.EarlyCheck("0.1", [], "fp16", tmp_path / "t.db", modes=("default", "reduce-overhead")) as early:
+        early.compile_now()
+        went = [Path(early._tmp.name) / f"went-{mode}" for mode in early.modes]
+        eventually(lambda: all(w.exists() for w in went), timeout_s=60)
+        finishing = time.time()
+        results = early.finish(timeout_s=120)
+    assert [r["heard"]["words"] for r in results] == [["go", "time"]] * 2
+    assert all(r["heard"]["go"] < finishing for r in results)
+
+
+@pytest.mark.system
 def test_a_mode_out_of_gpu_memory_beside_the_others_is_checked_again_alone(tmp_path, monkeypatch):
     results = stand_in_check("0.1:oom", tmp_path, monkeypatch)
     assert [r["mode"] for r in results] == ["default", "reduce-overhead"]

@@ -196,6 +196,8 @@ def tune_model(model_spec, input_shapes, decode, dtype, trials, strategy, seed, 
         with tuning(db_path, options, capture) as (gpu, db):  # the model is captured while the GPU worker starts
             display.out.print(display.plan_table(planned))
             summaries = tune_planned(planned, db, options, gpu, display.Terminal(), _announce)
+            if early is not None:  # every verdict is stored: its compiles need not wait for the session's end
+                early.compile_now()
         display.out.print(display.result_table(summaries))
         checks = _check_model(early) if early is not None else _no_check(check and not cluster)
     if summary_json:

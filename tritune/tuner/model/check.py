@@ -78,9 +78,15 @@ class EarlyCheck:
         child.close()
         return _Child(mode, proc, conn, out)
 
+    def compile_now(self) -> None:
+        """Let the children compile with the tuned kernels now (every verdict is stored), while
+        the tuning's session ends; `finish` then waits for those compiles."""
+        for child in self._children:
+            child.go()
+
     def finish(self, timeout_s: float = 900.0) -> list[dict]:
-        """Let the children compile with the tuned kernels (all at once), then time one mode after
-        another; their results (stored as graph verdicts)."""
+        """Let the children compile with the tuned kernels (all at once, if `compile_now` has not),
+        then time one mode after another; their results (stored as graph verdicts)."""
         deadline = time.monotonic() + timeout_s
         results = _run(self._children, deadline, timeout_s)
         for i, r in enumerate(results):
@@ -102,7 +108,7 @@ class EarlyCheck:
 def _run(children: Sequence["_Child"], deadline: float, timeout_s: float) -> list[dict]:
     """Every child compiles with the tuned kernels at once; then each times, one after another."""
     for child in children:
-        child.tell("go")
+        child.go()
     for child in children:
         child.hear(deadline)  # compiled (or ended)
     results = []
@@ -117,6 +123,13 @@ class _Child:
 
     def __init__(self, mode: str, proc: Any, conn: Any, out: Path) -> None:
         self.mode, self.proc, self.conn, self.out = mode, proc, conn, out
+        self._went = False  # told to compile with the tuned kernels
+
+    def go(self) -> None:
+        """Told to compile with the tuned kernels (once)."""
+        if not self._went:
+            self._went = True
+            self.tell("go")
 
     def tell(self, what: str) -> None:
         try:
