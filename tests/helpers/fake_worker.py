@@ -93,14 +93,19 @@ def ahead_handlers(timing):
     return {**session_handlers(timing), "prepare": prepare, "warm": warm, "head_to_head": answer}
 
 
+def _until_go(most_s: float) -> None:
+    """Wait until the file named by FAKE_WORKER_GO exists, or `most_s` has passed."""
+    deadline = time.time() + most_s
+    while not os.path.exists(os.environ["FAKE_WORKER_GO"]) and time.time() < deadline:
+        time.sleep(0.02)
+
+
 def slow_warm_handlers(timing):
     """As ahead_handlers, but the warm-up touches the file named by FAKE_WARMING and then lasts until
     the file named by FAKE_WORKER_GO exists (at most a minute), as torch.compile's takes seconds."""
     def slow_warm(payload):
         Path(os.environ["FAKE_WARMING"]).touch()
-        deadline = time.time() + 60
-        while not os.path.exists(os.environ["FAKE_WORKER_GO"]) and time.time() < deadline:
-            time.sleep(0.02)
+        _until_go(60)
         return warm(payload)
     return {**ahead_handlers(timing), "warm": slow_warm}
 
@@ -109,9 +114,7 @@ def gated_head_to_head_handlers(timing):
     """As session_handlers, but the head-to-head answers only once the file named by FAKE_WORKER_GO
     exists (at most 20 s late)."""
     def answer(payload):
-        deadline = time.time() + 20
-        while not os.path.exists(os.environ["FAKE_WORKER_GO"]) and time.time() < deadline:
-            time.sleep(0.02)
+        _until_go(20)
         return fake_head_to_head(payload)
     return {**session_handlers(timing), "head_to_head": answer}
 
@@ -123,9 +126,7 @@ def gated_session_handlers(timing):
     facts = handlers["info"]
 
     def info(payload):
-        deadline = time.time() + 60
-        while not os.path.exists(os.environ["FAKE_WORKER_GO"]) and time.time() < deadline:
-            time.sleep(0.02)
+        _until_go(60)
         answer = facts(payload)
         return {**answer, "startup": {**answer["startup"], "up_at": time.time()}}
     return {**handlers, "info": info}
