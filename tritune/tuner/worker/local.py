@@ -22,7 +22,7 @@ from tritune.tuner.breakdown import Stopwatch, process_age_s
 from tritune.tuner.worker.failures import classify
 from tritune.tuner.worker.lifeline import bind_to_parent, leave, start_lasting
 from tritune.tuner.timing import Timing
-from tritune.tuner.worker.protocol import OneRunner
+from tritune.tuner.worker.protocol import OneRunner, settled
 
 STARTUP_TIMEOUT_S = 120.0
 # requests that run timed work on the GPU: one at a time per device, whichever worker asks (a
@@ -316,16 +316,15 @@ class LocalRunner(OneRunner):
         """Median ms of the tuned kernel and of every alternative, alternated in one process
         (`timing.COMPARE` budgets): in the second worker where there is one, after the compiles
         asked of it ahead (`prepare_head_to_head`), else, or once it is gone, in this one."""
-        if self._judge is not None and not self._judge.lost:
-            return self.queue_head_to_head(expr, config).result()
-        return self._compare_here(expr, config)
+        return self.queue_head_to_head(expr, config).result()
 
     def queue_head_to_head(self, expr: Any, config: Config) -> Future:
         """`head_to_head`, queued in the second worker behind the compiles asked of it before, and
-        ahead of any asked after (the next workload's, which would drop this one's); its future."""
+        ahead of any asked after (the next workload's, which would drop this one's); its future.
+        Without a second worker, run now in this one."""
         if self._judge is not None and not self._judge.lost:
             return self._judge_queue.submit(self._compare, expr, config)
-        return super().queue_head_to_head(expr, config)
+        return settled(self._compare_here, expr, config)
 
     def _compare(self, expr: Any, config: Config) -> dict:
         try:

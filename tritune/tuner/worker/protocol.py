@@ -68,6 +68,16 @@ def distinct_gpus(runners: Any, lost: bool = False) -> int:
     return sum({r.name: r.gpus for r in runners if lost or not r.lost}.values())
 
 
+def settled(fn: Callable[..., Any], *args: Any) -> Future:
+    """`fn(*args)` run now, as a done future of its result (or of what it raised)."""
+    done: Future = Future()
+    try:
+        done.set_result(fn(*args))
+    except BaseException as exc:  # noqa: BLE001 - the caller's .result() raises it
+        done.set_exception(exc)
+    return done
+
+
 class OneRunner:
     """The parts of the contract a runner of one device shares: it is its own `each`, measures one
     candidate at a time, gains no runners mid-run, and has a stopwatch."""
@@ -90,13 +100,8 @@ class OneRunner:
         """Nothing was listening."""
 
     def queue_head_to_head(self, expr: Any, config: Config) -> Future:
-        """Nothing to queue it in: `head_to_head` runs now, its result (or what it raised) a done future."""
-        done: Future = Future()
-        try:
-            done.set_result(self.head_to_head(expr, config))  # type: ignore[attr-defined]
-        except BaseException as exc:  # noqa: BLE001 - the caller's .result() raises it
-            done.set_exception(exc)
-        return done
+        """Nothing to queue it in: `head_to_head` runs now (`settled`)."""
+        return settled(self.head_to_head, expr, config)  # type: ignore[attr-defined]
 
     def prepare_head_to_head(self, expr: Any) -> None:
         """Nothing compiled ahead: the head-to-head compiles its alternatives when it runs."""
